@@ -1,0 +1,45 @@
+# gpu_lab — two commands for a fresh machine:
+#   make lab    install into .venv and start JupyterLab on the tutorials, extension enabled
+#   make test   install into .venv (and Debian's Chromium for the browser tests) and run every test
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.stamp-install
+LAB_PORT ?= 8888
+ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
+
+.PHONY: lab test install chromium clean bench
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip wheel
+
+# Editable install with the test extra; re-run when the project's metadata changes.
+$(STAMP): $(PY) pyproject.toml
+	$(PIP) install -q -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Debian's Chromium for Playwright (Playwright never downloads a browser here).
+chromium:
+	@if [ ! -x /usr/bin/chromium ]; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; fi; \
+	fi
+
+lab: install
+	$(VENV)/bin/jupyter lab --ip=127.0.0.1 --port=$(LAB_PORT) --notebook-dir=notebooks \
+	  --ServerApp.default_url=/lab/tree/00_overview.ipynb $(ROOT_FLAG)
+
+test: install chromium
+	GPU_LAB_QUICK=1 PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(PY) -m pytest -p no:cacheprovider tests notebooks \
+	  --nbval-lax --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg
+
+bench: install
+	for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info

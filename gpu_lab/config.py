@@ -1,0 +1,271 @@
+"""TrainConfig: the validated configuration of one training run.
+
+It mirrors the config dict of seed 000 §2.3 (batch_size, num_epochs, lr, optimizer, scheduler,
+gradient_accumulation_steps) and adds what a run on a GPU server needs. Every field carries help
+text (the LaunchPanel form shows it), and a wrong value raises an error that names the field, the
+value and what is accepted, before any process starts.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any, Mapping
+
+
+class StrEnum(str, Enum):
+    """A string enum whose members compare equal to their values and list their choices."""
+
+    def __str__(self) -> str:  # pragma: no cover - trivial
+        return self.value
+
+    @classmethod
+    def choices(cls) -> list[str]:
+        return [m.value for m in cls]
+
+
+class Optimizer(StrEnum):
+    ADAMW = "adamw"
+    SGD = "sgd"
+
+
+class Scheduler(StrEnum):
+    COSINE = "cosine"
+    CONSTANT = "constant"
+    STEP = "step"
+
+
+class MixedPrecision(StrEnum):
+    NO = "no"
+    FP16 = "fp16"
+    BF16 = "bf16"
+
+
+class Augment(StrEnum):
+    NONE = "none"
+    BASIC = "basic"
+    AUTOAUGMENT = "autoaugment"
+
+
+#: Model names that gpu_lab.models.build accepts. The tiny ones learn in seconds on a CPU.
+MODEL_NAMES = ("tiny_cnn", "tiny_resnet", "tiny_vit", "resnet18", "resnet50", "vgg16", "vit_b_16")
+
+# Names used by other tools (seed 000 §2.3's config dict, accelerate, HF Trainer) → our field names.
+ALIASES = {
+    "num_epochs": "epochs",
+    "gradient_accumulation_steps": "grad_accum_steps",
+    "learning_rate": "lr",
+    "precision": "mixed_precision",
+    "nproc_per_node": "num_processes",
+    "save_total_limit": "keep_last",
+}
+
+
+def _f(default: Any, help: str, *, choices: type[StrEnum] | tuple | None = None,
+       lo: float | None = None, hi: float | None = None, optional: bool = False,
+       lo_open: bool = False, form: bool = True) -> Any:
+    """A dataclass field with the metadata that validation and the form widget read."""
+    meta = {"help": help, "choices": choices, "lo": lo, "hi": hi, "optional": optional,
+            "lo_open": lo_open, "form": form}
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class TrainConfig:
+    """Configuration of one training run. All fields are validated on construction."""
+
+    # --- what to train -------------------------------------------------------------------------
+    model: str = _f("tiny_cnn", "Model to build with gpu_lab.models.build: tiny_* learn in seconds "
+                    "on a CPU; resnet18/resnet50/vgg16/vit_b_16 are torchvision's, randomly initialised.",
+                    choices=MODEL_NAMES)
+    data_dir: str | None = _f(None, "ImageFolder or WebDataset shard directory. Empty: gpu_lab makes "
+                              "a synthetic image set (no download).", optional=True)
+    image_size: int = _f(32, "Input image side in pixels (seed 000 §2.2 sweeps 224 → 512 on a GPU).",
+                         lo=8, hi=4096)
+    num_classes: int = _f(10, "Number of classes.", lo=2, hi=100_000)
+    # --- how long ------------------------------------------------------------------------------
+    batch_size: int = _f(32, "Batch size per process (per GPU). The global batch is "
+                         "batch_size × grad_accum_steps × num_processes.", lo=1, hi=65536)
+    epochs: int | None = _f(1, "Passes over the training data; ignored when max_steps is set.",
+                            lo=1, hi=100_000, optional=True)
+    max_steps: int | None = _f(None, "Stop after this many optimizer steps (overrides epochs).",
+                               lo=1, hi=10**9, optional=True)
+    # --- optimisation --------------------------------------------------------------------------
+    lr: float = _f(1e-3, "Peak learning rate (seed 000 §2.3 fine-tunes at 3e-5).", lo=0.0, hi=10.0,
+                   lo_open=True)
+    optimizer: str = _f("adamw", "Optimizer: adamw (decoupled weight decay) or sgd (with momentum).",
+                        choices=Optimizer)
+    weight_decay: float = _f(0.01, "Weight decay.", lo=0.0, hi=1.0)
+    momentum: float = _f(0.9, "SGD momentum (ignored by adamw).", lo=0.0, hi=1.0)
+    scheduler: str = _f("cosine", "Learning-rate schedule: cosine (after warmup, seed 000 §2.2), "
+                        "constant, or step.", choices=Scheduler)
+    warmup_ratio: float = _f(0.05, "Fraction of steps with linear warmup (seed 000: the first 5%).",
+                             lo=0.0, hi=1.0)
+    step_size: int = _f(1000, "Step schedule: multiply the lr by gamma every step_size steps.",
+                        lo=1, hi=10**9)
+    gamma: float = _f(0.1, "Step schedule: the factor applied every step_size steps.", lo=0.0, hi=1.0,
+                      lo_open=True)
+    grad_accum_steps: int = _f(1, "Micro-batches accumulated per optimizer step (seed 000: 32 × 4).",
+                               lo=1, hi=4096)
+    max_grad_norm: float | None = _f(1.0, "Clip the global gradient norm to this value; empty: no "
+                                     "clipping.", lo=0.0, hi=1e6, optional=True, lo_open=True)
+    # --- precision, memory and speed -------------------------------------------------------------
+    mixed_precision: str = _f("no", "Autocast precision: no (fp32), fp16 (GPU only, with loss "
+                              "scaling) or bf16.", choices=MixedPrecision)
+    activation_checkpointing: bool = _f(False, "Recompute activations in backward: less memory, "
+                                        "more compute (seed 000 claims −40% memory for +25% time).")
+    channels_last: bool = _f(False, "Use the channels_last memory format (faster convolutions on "
+                             "Tensor Cores).")
+    compile: bool = _f(False, "Compile the model with torch.compile (opt-in; slow first steps).")
+    powersgd: bool = _f(False, "Compress DDP gradients with the PowerSGD communication hook.")
+    zero: bool = _f(False, "Shard optimizer state across ranks (ZeroRedundancyOptimizer, ZeRO-1).")
+    # --- processes and data loading --------------------------------------------------------------
+    num_processes: int | None = _f(None, "Processes (one per GPU). Empty: every GPU NVML reports, "
+                                   "or 2 CPU processes on a host without a GPU.", lo=1, hi=1024,
+                                   optional=True)
+    num_workers: int = _f(2, "DataLoader worker processes per rank.", lo=0, hi=256)
+    augment: str = _f("basic", "Augmentation: none, basic (crop + flip) or autoaugment (+ "
+                      "RandomErasing, seed 000 §2.2).", choices=Augment)
+    seed: int = _f(42, "Random seed for Python, NumPy, torch and data order.", lo=0, hi=2**32 - 1)
+    # --- checkpoints, logging, guards ------------------------------------------------------------
+    output_dir: str = _f("gpu_lab_runs", "Where checkpoints, TensorBoard logs and traces go.")
+    checkpoint_every: int = _f(0, "Save a checkpoint every N optimizer steps; 0: only at the end "
+                               "and on preemption.", lo=0, hi=10**9)
+    keep_last: int = _f(3, "How many complete checkpoints to keep.", lo=1, hi=10_000)
+    resume: bool = _f(True, "Resume from the newest complete checkpoint in output_dir if there is one.")
+    eval_every: int = _f(0, "Evaluate every N steps; 0: at the end of each epoch.", lo=0, hi=10**9)
+    log_every: int = _f(1, "Report metrics every N optimizer steps.", lo=1, hi=10**6)
+    tensorboard: bool = _f(True, "Log scalars to TensorBoard under output_dir.")
+    memory_threshold: float = _f(0.95, "GPU memory fraction that triggers one checkpoint and a "
+                                 "memory snapshot (seed 000 §2.2: 95%).", lo=0.0, hi=1.0,
+                                 lo_open=True)
+    oom_retry: bool = _f(False, "On out-of-memory, retry with half the per-device batch and twice the "
+                         "accumulation, keeping the global batch.")
+    profile_steps: int = _f(0, "Record a torch.profiler trace of this many steps; 0: off.",
+                            lo=0, hi=10_000)
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, _validate_field(f, getattr(self, f.name)))
+        if self.max_steps is None and self.epochs is None:
+            raise ValueError("TrainConfig.epochs / TrainConfig.max_steps: both are empty; "
+                             "set max_steps (a positive int) or epochs (a positive int).")
+
+    # --- conversions ---------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self, **kw: Any) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, **kw)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "TrainConfig":
+        """Build from a dict; seed 000's names (num_epochs, gradient_accumulation_steps, …) are
+        accepted, unknown keys are refused with the closest valid name."""
+        if not isinstance(d, Mapping):
+            raise TypeError(f"TrainConfig.from_dict: expected a mapping, got {type(d).__name__}")
+        names = [f.name for f in dataclasses.fields(cls)]
+        kw: dict[str, Any] = {}
+        for key, value in d.items():
+            name = ALIASES.get(key, key)
+            if name not in names:
+                close = difflib.get_close_matches(str(key), names + list(ALIASES), n=1)
+                hint = f" Did you mean {close[0]!r}?" if close else ""
+                raise ValueError(f"TrainConfig: unknown field {key!r}.{hint} "
+                                 f"Accepted fields: {', '.join(names)}.")
+            if name in ("optimizer", "mixed_precision", "scheduler", "augment") and isinstance(value, str):
+                value = value.lower()  # seed 000 writes "AdamW"
+            kw[name] = value
+        return cls(**kw)
+
+    @classmethod
+    def from_json(cls, text: str | bytes | Path) -> "TrainConfig":
+        if isinstance(text, Path):
+            text = text.read_text()
+        return cls.from_dict(json.loads(text))
+
+    def replace(self, **changes: Any) -> "TrainConfig":
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def field_help(cls) -> dict[str, dict[str, Any]]:
+        """Per-field help, type, default and choices (what the LaunchPanel form is generated from)."""
+        out = {}
+        for f in dataclasses.fields(cls):
+            m = f.metadata
+            choices = m["choices"]
+            if isinstance(choices, type) and issubclass(choices, StrEnum):
+                choices = tuple(choices.choices())
+            out[f.name] = {"help": m["help"], "type": _base_type(f), "default": f.default,
+                           "choices": choices, "lo": m["lo"], "hi": m["hi"],
+                           "optional": m["optional"]}
+        return out
+
+    def total_steps(self, steps_per_epoch: int | None = None) -> int:
+        """Optimizer steps the run will take (max_steps, or epochs × steps_per_epoch)."""
+        if self.max_steps is not None:
+            return self.max_steps
+        if steps_per_epoch is None:
+            raise ValueError("TrainConfig.total_steps: epochs is set, so steps_per_epoch is needed")
+        return int(self.epochs) * int(steps_per_epoch)
+
+
+def _base_type(f: dataclasses.Field) -> type:
+    t = f.type if not isinstance(f.type, str) else f.type
+    s = str(t)
+    for name, typ in (("bool", bool), ("int", int), ("float", float), ("str", str)):
+        if s.startswith(name):
+            return typ
+    raise AssertionError(f"unsupported field type {t!r}")  # pragma: no cover
+
+
+def _validate_field(f: dataclasses.Field, value: Any) -> Any:
+    name = f"TrainConfig.{f.name}"
+    m = f.metadata
+    typ = _base_type(f)
+    if value is None or (m["optional"] and value == ""):
+        if m["optional"]:
+            return None
+        raise TypeError(f"{name}: got None; expected {typ.__name__}")
+    if typ is bool:
+        if not isinstance(value, bool):
+            raise TypeError(f"{name}: got {value!r} ({type(value).__name__}); expected True or False")
+        return value
+    if typ is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                value = int(value)
+            else:
+                raise TypeError(f"{name}: got {value!r} ({type(value).__name__}); expected an int")
+    elif typ is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"{name}: got {value!r} ({type(value).__name__}); expected a number")
+        value = float(value)
+        if not math.isfinite(value):
+            raise ValueError(f"{name}: got {value!r}; expected a finite number")
+    elif typ is str:
+        if isinstance(value, Enum):
+            value = value.value
+        if not isinstance(value, str):
+            raise TypeError(f"{name}: got {value!r} ({type(value).__name__}); expected a string")
+    choices = m["choices"]
+    if choices is not None:
+        allowed = choices.choices() if isinstance(choices, type) else list(choices)
+        if value not in allowed:
+            raise ValueError(f"{name}: got {value!r}; accepted: {', '.join(map(repr, allowed))}")
+    lo, hi = m["lo"], m["hi"]
+    if lo is not None and (value < lo or (m["lo_open"] and value == lo)):
+        op = ">" if m["lo_open"] else ">="
+        raise ValueError(f"{name}: got {value!r}; accepted: a value {op} {lo} and <= {hi}")
+    if hi is not None and value > hi:
+        op = ">" if m["lo_open"] else ">="
+        raise ValueError(f"{name}: got {value!r}; accepted: a value {op} {lo} and <= {hi}")
+    return value
+
+
+__all__ = ["TrainConfig", "Optimizer", "Scheduler", "MixedPrecision", "Augment", "MODEL_NAMES",
+           "ALIASES"]

@@ -1,0 +1,1 @@
+"""gpu_lab.diagnostics — see DESIGN.md; filled in by its issue."""

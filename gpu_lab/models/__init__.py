@@ -1,0 +1,1 @@
+"""gpu_lab.models — see DESIGN.md; filled in by its issue."""

@@ -1,0 +1,1 @@
+"""gpu_lab.server — see DESIGN.md; filled in by its issue."""
