@@ -37,7 +37,9 @@ def __getattr__(name: str) -> Any:
     mod = _API.get(name)
     if mod is None:
         raise AttributeError(f"module 'gpu_lab' has no attribute {name!r}")
-    value = getattr(import_module(mod), name)
+    module = import_module(mod)
+    # gpu_lab.launch is a callable package (see gpu_lab/launch/__init__.py)
+    value = module if name == "launch" else getattr(module, name)
     globals()[name] = value
     return value
 

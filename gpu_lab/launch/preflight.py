@@ -1,0 +1,111 @@
+"""Checks that run in the kernel before any fork, and free ports.
+
+A fork copies the kernel. If CUDA was initialised there, every worker dies with "Cannot re-initialize
+CUDA in forked subprocess"; if an Accelerator exists there, accelerate refuses or, worse, the workers
+inherit a half-made state. Preflight finds these first and says what to do instead.
+"""
+from __future__ import annotations
+
+import socket
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+
+class PreflightError(RuntimeError):
+    """The kernel is not in a state from which workers can be forked safely."""
+
+    def __init__(self, problem: str, remedy: str) -> None:
+        self.problem, self.remedy = problem, remedy
+        super().__init__(f"{problem}\nWhat to do: {remedy}")
+
+
+@dataclass
+class CudaState:
+    imported: bool      # torch is imported in this process
+    initialized: bool   # torch.cuda is initialised (a CUDA context may exist)
+    bad_fork: bool      # this process is itself a fork of a CUDA process
+
+
+def real_cuda_probe() -> CudaState:
+    """Read torch's CUDA state without initialising anything (torch is not imported here)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return CudaState(False, False, False)
+    return CudaState(True, bool(torch.cuda.is_initialized()), bool(torch._C._cuda_isInBadFork()))
+
+
+#: What preflight calls to read the CUDA state. Tests swap in gpu_lab.launch.testing.FakeCudaProbe,
+#: since no GPU exists on the CI machine.
+cuda_probe: Callable[[], CudaState] = real_cuda_probe
+
+
+def check_cuda() -> None:
+    st = cuda_probe()
+    if st.bad_fork:
+        raise PreflightError(
+            "This process is a fork of a process that had initialised CUDA (torch reports a bad-fork "
+            "state), so no CUDA work can happen here or in its children.",
+            "run the launch from a fresh kernel (Kernel → Restart) and keep every CUDA call inside "
+            "the training function.")
+    if st.initialized:
+        raise PreflightError(
+            "CUDA is already initialised in this kernel (an earlier cell called something like "
+            "torch.cuda.is_available(), .cuda(), .to('cuda') or torch.cuda.device_count()). Forked "
+            "workers would fail with 'Cannot re-initialize CUDA in forked subprocess'.",
+            "restart the kernel and move every CUDA call into the training function. To ask about "
+            "GPUs in the kernel, use gpu_lab.doctor() or gpu_lab.telemetry (NVML, fork-safe), or "
+            "set PYTORCH_NVML_BASED_CUDA_CHECK=1 before importing torch.")
+
+
+def check_accelerate_state() -> None:
+    state_mod = sys.modules.get("accelerate.state")
+    if state_mod is None:
+        return
+    shared = {}
+    for cls_name in ("AcceleratorState", "PartialState"):
+        cls = getattr(state_mod, cls_name, None)
+        if cls is not None and getattr(cls, "_shared_state", None):
+            shared[cls_name] = cls._shared_state
+    if shared:
+        raise PreflightError(
+            f"An accelerate {' / '.join(shared)} already exists in this kernel (an Accelerator() was "
+            "created in a cell). Forked workers would inherit it instead of forming their own "
+            "process group.",
+            "create the Accelerator inside the training function (gpu_lab.accelerator()). To clear it "
+            "without a restart, if no device was touched: `from accelerate.state import "
+            "AcceleratorState; AcceleratorState._reset_state(reset_partial_state=True)`; otherwise "
+            "restart the kernel.")
+
+
+def check_imports() -> None:
+    bad = [m for m in ("bitsandbytes",) if m in sys.modules]
+    if bad:
+        raise PreflightError(
+            f"{', '.join(bad)} is imported in this kernel; it initialises CUDA on import, which "
+            "poisons forked workers.",
+            "restart the kernel and import it inside the training function.")
+
+
+def preflight() -> None:
+    """Raise PreflightError if forking workers from this process is unsafe; otherwise return."""
+    check_cuda()
+    check_accelerate_state()
+    check_imports()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on now (the OS picks it; 29500 is avoided by construction)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+        return False

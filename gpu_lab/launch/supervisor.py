@@ -1,0 +1,209 @@
+"""Code that runs in the forked supervisor and in each rank.
+
+The supervisor is forked from the kernel (which is still CUDA-free), becomes the leader of its own
+process group, detaches its output from the kernel's sockets, and calls accelerate's
+notebook_launcher. notebook_launcher blocks and discards return values; that is fine here, because
+the supervisor is not the kernel: rank 0 writes its return value to a file, each failed rank writes
+its exception, and the supervisor writes the final status before it exits.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from ..stream import events as ev
+from . import triage
+
+EXIT_OK, EXIT_FAILED, EXIT_STOPPED = 0, 1, 143
+
+
+@dataclass
+class Spec:
+    """Everything the supervisor needs, fixed before the fork."""
+
+    run_id: str
+    run_dir: str
+    fn: Callable
+    args: tuple
+    num_processes: int
+    mixed_precision: str
+    port: int
+    device: str
+    address: str
+    registry_path: str
+    master_addr: str = "127.0.0.1"
+    num_nodes: int = 1
+    node_rank: int = 0
+    rdzv_backend: str = "static"
+    env: dict = field(default_factory=dict)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write via a temp file in the same directory, fsync, rename: readers never see half a file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _redirect_output(path: Path) -> None:
+    """Point fd 1/2 and sys.stdout/sys.stderr at a file (line-buffered). In a process forked from a
+    kernel, the inherited sys.stdout writes into the kernel's zmq sockets: never use it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    sys.stdin = open(0, "r", closefd=False)
+
+
+class RankEntry:
+    """The function each rank runs: set up output and reporting, check fork safety, call the
+    user's function, keep its return value (rank 0) or its exception (any rank)."""
+
+    def __init__(self, fn: Callable, run_dir: str) -> None:
+        self.fn = fn
+        self.run_dir = Path(run_dir)
+        self.__name__ = getattr(fn, "__name__", "train")  # elastic names the job after it
+        self.__qualname__ = getattr(fn, "__qualname__", self.__name__)
+
+    def __call__(self, *args: Any) -> None:
+        rank = int(os.environ.get("RANK", "0"))
+        _redirect_output(self.run_dir / "logs" / f"rank{rank}.log")
+        from ..stream import reporter as rep
+
+        rep.reset_reporter()
+        reporter = rep.get_reporter()
+        try:
+            import torch
+
+            if torch._C._cuda_isInBadFork():
+                raise RuntimeError(
+                    "CUDA was initialised in the process this worker was forked from (bad-fork "
+                    "state). Restart the kernel and keep CUDA calls inside the training function.")
+            reporter.status("running", pid=os.getpid())
+            result = self.fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - recorded, then re-raised for the launcher
+            failure = triage.from_exception(rank, exc)
+            failure.pid = os.getpid()
+            errors = self.run_dir / "errors"
+            errors.mkdir(exist_ok=True)
+            write_atomic(errors / f"rank{rank}.json", json.dumps(failure.to_dict()).encode())
+            traceback.print_exc()
+            reporter.error(failure.to_dict())
+            reporter.close(1.0)
+            raise
+        if rank == 0:
+            try:
+                payload = pickle.dumps(result)
+            except Exception as exc:  # noqa: BLE001
+                payload = pickle.dumps(_Unpicklable(f"{type(result).__name__}: {exc}"))
+            write_atomic(self.run_dir / "result.pkl", payload)
+        reporter.close(2.0)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        return None  # elastic would pickle a return value through a queue: keep it on disk
+
+
+@dataclass
+class _Unpicklable:
+    reason: str
+
+
+def supervise(spec: Spec) -> None:
+    """Body of the forked supervisor. Never returns: exits with 0, 1 or 143."""
+    code = EXIT_FAILED
+    status = "failed"
+    run_dir = Path(spec.run_dir)
+    note = ""
+    try:
+        os.setpgid(0, 0)
+        _redirect_output(run_dir / "logs" / "supervisor.log")
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        os.environ.update({ev.ENV_RUN_ID: spec.run_id, ev.ENV_ADDRESS: spec.address,
+                           ev.ENV_RUN_DIR: spec.run_dir, ev.ENV_DEVICE: spec.device})
+        if spec.device == "cpu" and spec.num_processes > 1 and "OMP_NUM_THREADS" not in os.environ:
+            # N ranks × all cores each would oversubscribe the CPU (torchrun does the same)
+            os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // spec.num_processes))
+        os.environ.update(spec.env)
+        from ..registry import Registry
+
+        reg = Registry(spec.registry_path)
+        reg.update(spec.run_id, status="running")
+        print(f"gpu_lab supervisor pid={os.getpid()} run={spec.run_id} ranks={spec.num_processes} "
+              f"device={spec.device} port={spec.port}", flush=True)
+
+        # SIGTERM from Run.stop(): become a SignalException inside the elastic agent, which then
+        # terminates the workers; we record "stopped".
+        from accelerate import notebook_launcher
+
+        try:
+            notebook_launcher(RankEntry(spec.fn, spec.run_dir), args=spec.args,
+                              num_processes=spec.num_processes,
+                              mixed_precision=spec.mixed_precision, use_port=str(spec.port),
+                              master_addr=spec.master_addr, node_rank=spec.node_rank,
+                              num_nodes=spec.num_nodes, rdzv_backend=spec.rdzv_backend)
+            status, code = "succeeded", EXIT_OK
+        except BaseException as exc:  # noqa: BLE001 - every outcome is recorded
+            if (run_dir / "control" / "stop").exists() or _is_signal(exc):
+                status, code = "stopped", EXIT_STOPPED
+                note = f"stopped ({type(exc).__name__})"
+            else:
+                status, code = "failed", EXIT_FAILED
+                _record_child_failures(exc, run_dir)
+                note = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+                print(note, file=sys.stderr)
+        write_atomic(run_dir / "status.json",
+                     json.dumps({"status": status, "code": code, "t": time.time(),
+                                 "note": note[-4000:]}).encode())
+        reg.set_status(spec.run_id, status, error=note[-4000:] if status == "failed" else None)
+    except BaseException:  # noqa: BLE001 - the supervisor itself broke
+        try:
+            traceback.print_exc()
+            write_atomic(run_dir / "status.json", json.dumps(
+                {"status": "failed", "code": EXIT_FAILED, "t": time.time(),
+                 "note": traceback.format_exc()[-4000:]}).encode())
+        except BaseException:  # noqa: BLE001
+            pass
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _is_signal(exc: BaseException) -> bool:
+    name = type(exc).__name__
+    return name in ("SignalException", "KeyboardInterrupt") or isinstance(exc, KeyboardInterrupt)
+
+
+def _record_child_failures(exc: BaseException, run_dir: Path) -> None:
+    """Write an errors/rank{r}.json for every failed rank that did not write its own (killed)."""
+    failures = getattr(exc, "failures", None)
+    if not failures:
+        return
+    errors = run_dir / "errors"
+    errors.mkdir(exist_ok=True)
+    for rank, pf in failures.items():
+        p = errors / f"rank{rank}.json"
+        if p.exists():
+            continue
+        f = triage.from_exitcode(int(rank), getattr(pf, "exitcode", None), getattr(pf, "pid", None))
+        write_atomic(p, json.dumps(f.to_dict()).encode())

@@ -1,0 +1,146 @@
+"""Turn a failed rank into something a person can act on: what broke, and what to try, in order."""
+from __future__ import annotations
+
+import signal
+import traceback as tb
+from dataclasses import asdict, dataclass, field
+
+OOM = "out of memory"
+COMM = "communication"
+DATA = "data loading"
+USER = "user code"
+SIGNAL = "killed by a signal"
+CATEGORIES = (OOM, COMM, DATA, USER, SIGNAL)
+
+_PATTERNS = (
+    (OOM, ("OutOfMemoryError", "out of memory", "CUDA error: out of memory", "MemoryError",
+           "can't allocate memory", "DefaultCPUAllocator")),
+    (COMM, ("NCCL", "ProcessGroupGloo", "DistBackendError", "DistNetworkError", "c10d",
+            "Connection reset by peer", "Connection closed by peer", "collective",
+            "Broken pipe", "Watchdog caught collective operation timeout")),
+    (DATA, ("DataLoader worker", "webdataset", "ReadError", "tarfile", "UnidentifiedImageError",
+            "shard", "decode", "truncated", "gpu_lab.data")),
+)
+
+SUGGESTIONS = {
+    OOM: ["lower batch_size (and raise grad_accum_steps to keep the global batch)",
+          "switch on mixed_precision='bf16' (or 'fp16' with loss scaling)",
+          "switch on activation_checkpointing (≈40% less activation memory for ≈25% more compute)",
+          "shard optimizer state with zero=True",
+          "watch memory live in the GPUPanel (seed 000 §4.1: nvidia-smi -l 1)"],
+    COMM: ["check that every rank reached the same collective (an uneven number of batches per "
+           "rank hangs DDP: use resampled shards with with_epoch)",
+           "rerun with NCCL_DEBUG=INFO (GPU) or TORCH_DISTRIBUTED_DEBUG=DETAIL and read rank 0's log",
+           "check the network between nodes: gpu-lab bench allreduce",
+           "raise the collective timeout only after the above"],
+    DATA: ["the error names the shard or file: rebuild or remove it",
+           "run the loader alone (gpu-lab bench loader) to reproduce without training",
+           "use handler='warn' to skip and count bad samples while you investigate"],
+    USER: ["read the traceback: the last frame in your training function is the place"],
+    SIGNAL: ["SIGKILL without a Python traceback is usually the host's out-of-memory killer: "
+             "check `dmesg`, `free -h`, and lower num_workers or batch_size",
+             "a scheduler (Slurm, Kubernetes) may have ended the job: check its logs"],
+}
+
+
+@dataclass
+class RankFailure:
+    """One failed rank: its exception (or the signal that ended it) and a triage."""
+
+    rank: int
+    type: str
+    message: str
+    traceback: str = ""
+    category: str = USER
+    exitcode: int | None = None
+    pid: int | None = None
+    suggestions: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RankFailure":
+        keys = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in d.items() if k in keys})
+
+    def summary(self) -> str:
+        return f"rank {self.rank}: {self.type}: {self.message} [{self.category}]"
+
+
+def categorize(type_name: str, message: str, traceback_text: str = "") -> str:
+    text = f"{type_name}\n{message}\n{traceback_text[-4000:]}"
+    for category, needles in _PATTERNS:
+        if any(n.lower() in text.lower() for n in needles):
+            return category
+    return USER
+
+
+def from_exception(rank: int, exc: BaseException) -> RankFailure:
+    text = "".join(tb.format_exception(type(exc), exc, exc.__traceback__))
+    cat = categorize(type(exc).__name__, str(exc), text)
+    return RankFailure(rank=rank, type=type(exc).__name__, message=str(exc), traceback=text,
+                       category=cat, suggestions=list(SUGGESTIONS[cat]))
+
+
+def from_exitcode(rank: int, exitcode: int | None, pid: int | None = None) -> RankFailure:
+    """A rank that died without a Python exception (killed, or os._exit)."""
+    if exitcode is not None and exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        msg = (f"rank {rank} (pid {pid}) was killed by {name} before it could raise an exception")
+        return RankFailure(rank=rank, type=name, message=msg, category=SIGNAL, exitcode=exitcode,
+                           pid=pid, suggestions=list(SUGGESTIONS[SIGNAL]))
+    msg = f"rank {rank} (pid {pid}) exited with code {exitcode} without a Python exception"
+    return RankFailure(rank=rank, type="ExitCode", message=msg, category=USER, exitcode=exitcode,
+                       pid=pid, suggestions=list(SUGGESTIONS[USER]))
+
+
+class RunError:
+    """The failures of a run, first failure first. `str()` is the readable report."""
+
+    def __init__(self, failures: list[RankFailure], supervisor: str | None = None) -> None:
+        self.failures = sorted(failures, key=lambda f: (f.category == SIGNAL and f.type == "SIGTERM",
+                                                        f.rank))
+        self.supervisor = supervisor
+
+    @property
+    def ranks(self) -> list[int]:
+        return [f.rank for f in self.failures]
+
+    def __getitem__(self, rank: int) -> RankFailure:
+        for f in self.failures:
+            if f.rank == rank:
+                return f
+        raise KeyError(f"rank {rank} did not fail; failed ranks: {self.ranks}")
+
+    @property
+    def first(self) -> RankFailure | None:
+        return self.failures[0] if self.failures else None
+
+    @property
+    def category(self) -> str | None:
+        return self.first.category if self.first else None
+
+    def __str__(self) -> str:
+        lines = []
+        for f in self.failures:
+            lines.append(f.summary())
+            if f.traceback:
+                lines.append("  " + f.traceback.rstrip().splitlines()[-1])
+        if self.first:
+            lines.append(f"What to try ({self.first.category}):")
+            lines += [f"  {i}. {s}" for i, s in enumerate(self.first.suggestions, 1)]
+        if self.supervisor:
+            lines.append(f"supervisor: {self.supervisor}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"RunError(ranks={self.ranks}, category={self.category!r})"
+
+    def _repr_html_(self) -> str:
+        import html
+
+        return f"<pre style='color:#b00'>{html.escape(str(self))}</pre>"
