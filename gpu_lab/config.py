@@ -152,8 +152,8 @@ class TrainConfig:
         for f in dataclasses.fields(self):
             setattr(self, f.name, _validate_field(f, getattr(self, f.name)))
         if self.max_steps is None and self.epochs is None:
-            raise ValueError("TrainConfig.epochs / TrainConfig.max_steps: both are empty; "
-                             "set max_steps (a positive int) or epochs (a positive int).")
+            raise ValueError("TrainConfig.max_steps: got None while epochs is None too; accepted: "
+                             "a positive max_steps, or a positive epochs")
 
     # --- conversions ---------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -1,1 +1,55 @@
-"""gpu_lab.data — see DESIGN.md; filled in by its issue."""
+"""gpu_lab.data: synthetic image sets, WebDataset shards, a loader that keeps the GPU fed, and a
+benchmark that shows whether the loader or the model is the bottleneck.
+
+    make_synthetic_images(out_dir, n, image_size, num_classes, seed)  JPEG/PNG ImageFolder tree
+    SyntheticImages(n, image_size, num_classes, seed)                 the same images, in memory
+    write_shards(source, out_dir, maxcount=, maxsize=, compress=)      tar shards + manifest.json
+    shard_loader(urls, batch_size, train=, image_size=, augment=, num_workers=, resampled=, ...)
+    create_dataloader(url, batch_size)                                 seed 000 §2.1, corrected
+    benchmark(...)                                                     gpu_lab loader vs per-file PIL
+
+Never imports widgets; names are imported on first use (torch is not loaded by `import gpu_lab.data`).
+"""
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+_API = {
+    "make_synthetic_images": "gpu_lab.data.synthetic",
+    "SyntheticImages": "gpu_lab.data.synthetic",
+    "SyntheticImageSet": "gpu_lab.data.synthetic",
+    "class_names": "gpu_lab.data.synthetic",
+    "write_shards": "gpu_lab.data.shards",
+    "ShardManifest": "gpu_lab.data.shards",
+    "WriteReport": "gpu_lab.data.shards",
+    "resolve_shards": "gpu_lab.data.shards",
+    "verify_shards": "gpu_lab.data.shards",
+    "shard_loader": "gpu_lab.data.loader",
+    "ShardLoader": "gpu_lab.data.loader",
+    "ShardError": "gpu_lab.data.loader",
+    "ErrorPolicy": "gpu_lab.data.loader",
+    "LoaderStats": "gpu_lab.data.loader",
+    "build_transform": "gpu_lab.data.transforms",
+    "normalize_batch": "gpu_lab.data.transforms",
+    "create_dataloader": "gpu_lab.data.seed_snippet",
+    "SEED_SNIPPET": "gpu_lab.data.seed_snippet",
+    "run_seed_snippet": "gpu_lab.data.seed_snippet",
+    "benchmark": "gpu_lab.data.bench",
+    "BenchReport": "gpu_lab.data.bench",
+}
+
+__all__ = sorted(_API)
+
+
+def __getattr__(name: str) -> Any:
+    mod = _API.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'gpu_lab.data' has no attribute {name!r}")
+    value = getattr(import_module(mod), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

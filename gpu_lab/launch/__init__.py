@@ -8,7 +8,7 @@ import sys as _sys
 import types as _types
 
 from .launcher import launch, stop_run
-from .preflight import PreflightError, free_port, preflight
+from .checks import PreflightError, free_port, preflight
 from .run import Run, RunFailedError
 from .triage import RankFailure, RunError
 from .worker import accelerator, control_requested

@@ -14,7 +14,7 @@ from typing import Any, Callable
 from ..config import MixedPrecision, TrainConfig
 from ..registry import Registry, home
 from ..telemetry_probe import gpu_count
-from . import preflight as pf
+from . import checks as pf
 from .run import Run, terminate_tree
 from .supervisor import EXIT_OK, EXIT_STOPPED, Spec, supervise
 
@@ -143,8 +143,11 @@ def launch(fn: Callable, *args: Any, num_processes: int | None = None,
 
 
 def _wait_supervisor(run: Run, pid: int, receiver: Any) -> None:
-    _, status = os.waitpid(pid, 0)
-    code = os.waitstatus_to_exitcode(status)
+    try:
+        _, status = os.waitpid(pid, 0)
+        code: int | None = os.waitstatus_to_exitcode(status)
+    except ChildProcessError:  # reaped elsewhere (a SIGCHLD handler of the host program)
+        code = None
     st = None
     sp = run.run_dir / "status.json"
     if sp.exists():

@@ -248,16 +248,19 @@ def terminate_tree(pid: int, run_dir: Path | None, grace: float = 5.0,
     if pgid is not None and pgid == os.getpgid(0):
         pgid = None  # never signal our own group (the supervisor failed to set its own)
     _signal_all(procs, pgid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        alive = [p for p in procs if _alive(p)]
-        if not alive:
-            break
-        psutil.wait_procs(alive, timeout=min(0.2, max(0.0, deadline - time.monotonic())))
+    # Poll rather than psutil.wait_procs: that would waitpid() the supervisor, which is our child,
+    # and steal its exit status from the thread that waits for it.
+    _wait_gone(procs, grace)
     leftover = [p for p in procs if _alive(p)]
     if leftover:
         _signal_all(leftover, pgid, signal.SIGKILL)
-        psutil.wait_procs(leftover, timeout=3)
+        _wait_gone(leftover, 5.0)
+
+
+def _wait_gone(procs: list, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(_alive(p) for p in procs):
+        time.sleep(0.05)
 
 
 def _alive(p: Any) -> bool:

@@ -13,6 +13,7 @@ import os
 import pickle
 import signal
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -89,6 +90,9 @@ class RankEntry:
 
         rep.reset_reporter()
         reporter = rep.get_reporter()
+        ranks = self.run_dir / "ranks"
+        ranks.mkdir(exist_ok=True)
+        write_atomic(ranks / f"rank{rank}.pid", str(os.getpid()).encode())
         try:
             import torch
 
@@ -153,6 +157,8 @@ def supervise(spec: Spec) -> None:
         # terminates the workers; we record "stopped".
         from accelerate import notebook_launcher
 
+        monitor = RankMonitor(run_dir)
+        monitor.start()
         try:
             notebook_launcher(RankEntry(spec.fn, spec.run_dir), args=spec.args,
                               num_processes=spec.num_processes,
@@ -166,7 +172,8 @@ def supervise(spec: Spec) -> None:
                 note = f"stopped ({type(exc).__name__})"
             else:
                 status, code = "failed", EXIT_FAILED
-                _record_child_failures(exc, run_dir)
+                monitor.stop()
+                _record_child_failures(exc, run_dir, monitor.deaths)
                 note = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
                 print(note, file=sys.stderr)
         write_atomic(run_dir / "status.json",
@@ -194,16 +201,61 @@ def _is_signal(exc: BaseException) -> bool:
     return name in ("SignalException", "KeyboardInterrupt") or isinstance(exc, KeyboardInterrupt)
 
 
-def _record_child_failures(exc: BaseException, run_dir: Path) -> None:
+class RankMonitor(threading.Thread):
+    """Watches the ranks (children of this supervisor) die, without reaping them.
+
+    The elastic agent reports only the failures it observes first: when rank 1 is SIGKILLed, rank
+    0's gloo "connection reset" often wins, and the kill goes unreported. waitid(WNOWAIT) lets this
+    thread see each rank's exit status and time while the agent still reaps it as usual.
+    """
+
+    def __init__(self, run_dir: Path) -> None:
+        super().__init__(name="gpu_lab-rank-monitor", daemon=True)
+        self.ranks_dir = run_dir / "ranks"
+        self.deaths: dict[int, tuple[int, int, float]] = {}  # rank -> (pid, exitcode, time)
+        self._stop_evt = threading.Event()
+
+    def run(self) -> None:
+        known: dict[int, int] = {}
+        while not self._stop_evt.wait(0.02):
+            if self.ranks_dir.is_dir():
+                for p in self.ranks_dir.glob("rank*.pid"):
+                    r = int(p.stem[4:])
+                    if r not in known:
+                        try:
+                            known[r] = int(p.read_text())
+                        except (OSError, ValueError):
+                            continue
+            for r, pid in known.items():
+                if r in self.deaths:
+                    continue
+                try:
+                    res = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+                except ChildProcessError:
+                    continue  # already reaped, or not our child
+                if res is None:
+                    continue
+                code = -res.si_status if res.si_code in (os.CLD_KILLED, os.CLD_DUMPED) \
+                    else res.si_status
+                self.deaths[r] = (pid, code, time.time())
+
+    def stop(self) -> None:
+        self._stop_evt.set()
+        self.join(1)
+
+
+def _record_child_failures(exc: BaseException, run_dir: Path,
+                           deaths: dict[int, tuple[int, int, float]]) -> None:
     """Write an errors/rank{r}.json for every failed rank that did not write its own (killed)."""
-    failures = getattr(exc, "failures", None)
-    if not failures:
-        return
     errors = run_dir / "errors"
     errors.mkdir(exist_ok=True)
-    for rank, pf in failures.items():
+    seen: dict[int, tuple[int | None, int | None, float | None]] = {
+        r: (pid, code, t) for r, (pid, code, t) in deaths.items() if code != 0}
+    for rank, pf in (getattr(exc, "failures", None) or {}).items():
+        seen.setdefault(int(rank), (getattr(pf, "pid", None), getattr(pf, "exitcode", None), None))
+    for rank, (pid, code, t) in seen.items():
         p = errors / f"rank{rank}.json"
         if p.exists():
             continue
-        f = triage.from_exitcode(int(rank), getattr(pf, "exitcode", None), getattr(pf, "pid", None))
+        f = triage.from_exitcode(int(rank), code, pid, t)
         write_atomic(p, json.dumps(f.to_dict()).encode())

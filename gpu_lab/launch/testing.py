@@ -4,7 +4,7 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
-from . import preflight
+from . import checks as preflight
 
 
 class FakeCudaProbe:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import signal
+import time
 import traceback as tb
 from dataclasses import asdict, dataclass, field
 
@@ -55,6 +56,7 @@ class RankFailure:
     exitcode: int | None = None
     pid: int | None = None
     suggestions: list[str] = field(default_factory=list)
+    t: float = 0.0  # when it failed: the earliest failure is the root cause
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -80,10 +82,11 @@ def from_exception(rank: int, exc: BaseException) -> RankFailure:
     text = "".join(tb.format_exception(type(exc), exc, exc.__traceback__))
     cat = categorize(type(exc).__name__, str(exc), text)
     return RankFailure(rank=rank, type=type(exc).__name__, message=str(exc), traceback=text,
-                       category=cat, suggestions=list(SUGGESTIONS[cat]))
+                       category=cat, suggestions=list(SUGGESTIONS[cat]), t=time.time())
 
 
-def from_exitcode(rank: int, exitcode: int | None, pid: int | None = None) -> RankFailure:
+def from_exitcode(rank: int, exitcode: int | None, pid: int | None = None,
+                  t: float | None = None) -> RankFailure:
     """A rank that died without a Python exception (killed, or os._exit)."""
     if exitcode is not None and exitcode < 0:
         try:
@@ -92,18 +95,20 @@ def from_exitcode(rank: int, exitcode: int | None, pid: int | None = None) -> Ra
             name = f"signal {-exitcode}"
         msg = (f"rank {rank} (pid {pid}) was killed by {name} before it could raise an exception")
         return RankFailure(rank=rank, type=name, message=msg, category=SIGNAL, exitcode=exitcode,
-                           pid=pid, suggestions=list(SUGGESTIONS[SIGNAL]))
+                           pid=pid, suggestions=list(SUGGESTIONS[SIGNAL]), t=t or time.time())
     msg = f"rank {rank} (pid {pid}) exited with code {exitcode} without a Python exception"
     return RankFailure(rank=rank, type="ExitCode", message=msg, category=USER, exitcode=exitcode,
-                       pid=pid, suggestions=list(SUGGESTIONS[USER]))
+                       pid=pid, suggestions=list(SUGGESTIONS[USER]), t=t or time.time())
 
 
 class RunError:
     """The failures of a run, first failure first. `str()` is the readable report."""
 
     def __init__(self, failures: list[RankFailure], supervisor: str | None = None) -> None:
-        self.failures = sorted(failures, key=lambda f: (f.category == SIGNAL and f.type == "SIGTERM",
-                                                        f.rank))
+        # Root cause first: a SIGTERM is the launcher cleaning up, and a communication error is
+        # usually a peer's death seen from the other end; otherwise the earliest failure wins.
+        self.failures = sorted(failures, key=lambda f: (f.type == "SIGTERM", f.category == COMM,
+                                                        f.t or float("inf"), f.rank))
         self.supervisor = supervisor
 
     @property

@@ -1,1 +1,53 @@
-"""gpu_lab.server — see DESIGN.md; filled in by its issue."""
+"""Jupyter server extension: authenticated REST and WebSocket endpoints over gpu_lab's shared
+telemetry sampler and run registry, plus a Prometheus exposition.
+
+Thin handlers (handlers.py) over one per-server state object (state.py): a telemetry hub that holds
+the single subscription to the shared sampler however many browsers connect (hub.py), the run
+registry, and a small thread pool so that SQLite, NVML and process signalling never run on the
+IOLoop. Prometheus metrics are built in metrics.py.
+
+Endpoints (under the server's base_url):
+
+    GET  gpu-lab/api/info                  version, GPU count, tutorials index path
+    GET  gpu-lab/api/telemetry?n=60        latest sample + the last n samples
+    WS   gpu-lab/api/telemetry/ws          streams samples; client sends {"interval": s}, s >= 0.25
+    GET  gpu-lab/api/runs                  runs from the registry, with last step and loss
+    GET  gpu-lab/api/runs/<id>             one run plus its (decimated) metric series
+    POST gpu-lab/api/runs/<id>/stop        gpu_lab.launch.stop_run(id)
+    GET  gpu-lab/metrics                   Prometheus text format
+"""
+from __future__ import annotations
+
+from typing import Any
+
+
+def _jupyter_server_extension_points() -> list[dict]:
+    return [{"module": "gpu_lab.server"}]
+
+
+def _load_jupyter_server_extension(serverapp: Any) -> None:
+    from .handlers import handlers
+    from .state import ServerState
+
+    web_app = serverapp.web_app
+    state = ServerState(root_dir=getattr(serverapp, "root_dir", None), log=serverapp.log)
+    web_app.settings["gpu_lab"] = state
+    web_app.add_handlers(".*$", handlers(web_app.settings["base_url"]))
+    _close_with_server(serverapp, state)
+    serverapp.log.info("gpu_lab server extension loaded: %s", ", ".join(
+        f"{web_app.settings['base_url']}{p}" for p in ("gpu-lab/api", "gpu-lab/metrics")))
+
+
+def _close_with_server(serverapp: Any, state: Any) -> None:
+    """Release the sampler subscription and the thread pool when the server shuts down.
+
+    Function-style server extensions get no stop hook (only ExtensionApp subclasses do), so wrap
+    the server's own async cleanup, which runs while the IOLoop is still alive.
+    """
+    original = serverapp._cleanup
+
+    async def _cleanup() -> None:
+        state.close()
+        await original()
+
+    serverapp._cleanup = _cleanup

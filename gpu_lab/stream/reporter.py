@@ -123,9 +123,8 @@ class Reporter:
 
         ctx = zmq.Context()
         sock = ctx.socket(zmq.PUSH)
-        sock.setsockopt(zmq.SNDHWM, 100)      # batches, not events
+        sock.setsockopt(zmq.SNDHWM, 100)  # batches, not events: a gone kernel costs at most this
         sock.setsockopt(zmq.LINGER, 500)      # at exit, give the last batch half a second at most
-        sock.setsockopt(zmq.IMMEDIATE, 1)     # no peer yet → drop, don't queue forever
         sock.connect(self.address)
         try:
             while True:
@@ -159,11 +158,12 @@ class Reporter:
             self._send(sock, zmq, batch)
 
     def _send(self, sock: Any, zmq: Any, batch: list) -> None:
+        n = sum(1 for e in batch if e["kind"] != ev.DROPPED)  # the drop notice itself isn't counted
         try:
             sock.send(ev.encode(batch), zmq.NOBLOCK)
-            self.sent += len(batch)
+            self.sent += n
         except zmq.Again:
-            self.dropped += len(batch)
+            self.dropped += n
 
     def flush(self, timeout: float = 1.0) -> None:
         """Wait up to `timeout` s for queued events to be handed to zmq (end of a rank's work)."""

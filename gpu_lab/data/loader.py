@@ -1,0 +1,433 @@
+"""`shard_loader`: WebDataset shards → augmented, batched tensors, on N ranks x M workers.
+
+The pipeline, per DataLoader worker, as small stages (webdataset's style):
+
+    shard list ─ shuffle (same order on every rank, new each epoch) ─ split_by_node ─ split_by_worker
+       (or: resampled, an endless random draw of shards per rank and worker)
+    ─ read tar (.tar, .tar.gz, .tar.zst) ─ group members into samples
+    ─ shuffle buffer ─ decode (torchvision.io) ─ v2 transforms on uint8 ─ batch ─ normalise the batch
+    → DataLoader(batch_size=None): worker processes, prefetch, pinned memory
+
+Rules it enforces:
+
+- **No duplicates, no gaps:** shards are shuffled with a seed shared by all ranks *before* they are
+  split, so over one epoch the ranks x workers read disjoint shards that cover the set.
+- **No hangs under DDP:** without resampling, ranks get whole shards and so, in general, different
+  numbers of batches; the rank that runs out stops calling all-reduce and the others wait forever.
+  `resampled=True` draws shards with replacement and cuts every rank at the same number of batches
+  (`epoch_size` samples per epoch over all ranks), which is what a DDP training loop needs.
+- **Too few shards:** without resampling, fewer shards than ranks x workers would leave some reader
+  idle (and, under DDP, hang the others): that is an error with the numbers, before any worker starts.
+- **Errors name the shard:** by default (`handler="raise"`) the first unreadable shard or sample
+  raises `ShardError("shard <path>: ...")`; `handler="warn"` logs it, skips it and counts what was
+  skipped in `loader.stats` (shared by all worker processes). With a manifest, a truncated shard
+  counts every sample it lost, not just one.
+
+Do not pass the loader through `accelerator.prepare`: it already splits the data by rank.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import multiprocessing as mp
+import random
+from itertools import islice
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+import torch
+import webdataset as wds
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from webdataset.tariterators import base_plus_ext
+
+from ..config import StrEnum
+from .shards import ShardManifest, resolve_shards
+from .tario import iter_members, open_shard
+from .transforms import (CROP_SCALE, IMAGE_KEYS, build_transform, check_augment, decode, image_key,
+                         normalize_batch, parse_label)
+
+log = logging.getLogger("gpu_lab.data")
+
+
+class ErrorPolicy(StrEnum):
+    RAISE = "raise"
+    WARN = "warn"
+
+
+class Output(StrEnum):
+    FLOAT32 = "float32"  # normalised in the worker
+    UINT8 = "uint8"  # normalise on the device with transforms.normalize_batch: 4x fewer bytes to copy
+
+
+class ShardError(RuntimeError):
+    """A shard, or a sample in it, could not be read. The message starts with `shard <path>:`."""
+
+
+class LoaderStats:
+    """Counters that every worker process of one loader adds to (shared memory)."""
+
+    def __init__(self, ctx: Any = None) -> None:
+        ctx = ctx if ctx is not None else mp.get_context()
+        self._skipped = ctx.Value("q", 0)
+        self._errors = ctx.Value("q", 0)
+
+    def add(self, skipped: int, errors: int = 1) -> None:
+        with self._skipped.get_lock():
+            self._skipped.value += skipped
+        with self._errors.get_lock():
+            self._errors.value += errors
+
+    @property
+    def skipped_samples(self) -> int:
+        """Samples lost to errors (a truncated shard with a known count loses all it did not yield)."""
+        return self._skipped.value
+
+    @property
+    def errors(self) -> int:
+        """Errors handled (one per bad shard or bad sample)."""
+        return self._errors.value
+
+    def __repr__(self) -> str:
+        return f"LoaderStats(skipped_samples={self.skipped_samples}, errors={self.errors})"
+
+
+def _empty_shared(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised tensor in shared memory when in a DataLoader worker, so the batch crosses
+    to the main process without a copy (the same trick torch's default_collate uses)."""
+    if get_worker_info() is None:
+        return torch.empty(shape, dtype=dtype)
+    proto = torch.empty(0, dtype=dtype)
+    storage = proto._typed_storage()._new_shared(math.prod(shape), device=proto.device)
+    return proto.new(storage).resize_(*shape)
+
+
+def _policy(handler: str | Callable[[Exception], bool]) -> Callable[[Exception], bool]:
+    """'raise' | 'warn' | a webdataset-style handler (exception → True to continue) → callable."""
+    if callable(handler):
+        return handler
+    try:
+        pol = ErrorPolicy(handler)
+    except ValueError:
+        raise ValueError(f"handler={handler!r}: expected one of {ErrorPolicy.choices()} or a callable "
+                         f"(exception) -> bool") from None
+    if pol is ErrorPolicy.RAISE:
+        def reraise(exn: Exception) -> bool:
+            raise exn
+        return reraise
+
+    def warn(exn: Exception) -> bool:
+        log.warning("gpu_lab.data: skipped: %s", exn)
+        return True
+    return warn
+
+
+class ShardDataset(IterableDataset):
+    """The per-worker pipeline. Build it through `shard_loader`; it is public for custom loaders."""
+
+    def __init__(self, urls: list[str], *, counts: dict[str, int] | None, rank: int, world_size: int,
+                 train: bool, shard_shuffle: bool, resampled: bool, seed: int, shuffle_buffer: int,
+                 transform: Callable, batch_size: int, partial: bool, handler: Callable,
+                 stats: LoaderStats, output: Output, return_keys: bool,
+                 batches_per_worker: int | None) -> None:
+        super().__init__()
+        self.urls, self.counts = urls, counts or {}
+        self.rank, self.world_size = rank, world_size
+        self.train, self.shard_shuffle, self.resampled = train, shard_shuffle, resampled
+        self.seed, self.epoch = seed, 0
+        self.shuffle_buffer, self.transform = shuffle_buffer, transform
+        self.batch_size, self.partial = batch_size, partial
+        self.handler, self.stats = handler, stats
+        self.output, self.return_keys = output, return_keys
+        self.batches_per_worker = batches_per_worker
+
+    # -- shard assignment -------------------------------------------------------------------
+    def epoch_order(self, epoch: int) -> list[str]:
+        """All shards in this epoch's order: the same on every rank (seeded by seed and epoch)."""
+        order = list(self.urls)
+        if self.shard_shuffle:
+            random.Random(f"{self.seed}/{epoch}").shuffle(order)
+        return order
+
+    def assigned(self, epoch: int, worker: int, num_workers: int) -> list[str]:
+        """The shards that (this rank, `worker`) reads in `epoch` when not resampled:
+        split_by_node, then split_by_worker, over the shared order."""
+        by_node = self.epoch_order(epoch)[self.rank::self.world_size]
+        return by_node[worker::num_workers]
+
+    def _shards(self, worker: int, num_workers: int, rng: random.Random) -> Iterator[str]:
+        if not self.resampled:
+            yield from self.assigned(self.epoch, worker, num_workers)
+            return
+        while True:  # endless; the loader stops every rank after the same number of batches
+            yield rng.choice(self.urls)
+
+    # -- stages -----------------------------------------------------------------------------
+    def _read(self, shards: Iterable[str]) -> Iterator[dict]:
+        """Tar members → samples {'__key__', '__url__', ext: bytes}, grouped by key."""
+        failures_in_a_row = 0
+        for url in shards:
+            n = 0
+            expected = self.counts.get(url)
+            try:
+                with open_shard(url) as stream:
+                    current: dict | None = None
+                    for name, data in iter_members(stream):
+                        prefix, suffix = base_plus_ext(name)
+                        if prefix is None:
+                            continue
+                        if current is None or current["__key__"] != prefix:
+                            if current is not None:
+                                n += 1
+                                yield current
+                            current = {"__key__": prefix, "__url__": url}
+                        current[suffix.lower()] = data
+                    if current is not None:
+                        n += 1
+                        yield current
+                if expected is not None and n < expected:
+                    raise EOFError(f"ended after {n} of the {expected} samples the manifest lists "
+                                   f"(truncated?)")
+                failures_in_a_row = 0
+            except Exception as exn:  # any read error of this shard goes to the policy, named
+                lost = max(expected - n, 1) if expected is not None else 1
+                err = ShardError(f"shard {url}: {type(exn).__name__}: {exn} "
+                                 f"(after {n} samples; {lost} lost)")
+                err.__cause__ = exn
+                go_on = self.handler(err)  # raises under the default policy
+                self.stats.add(skipped=lost)
+                if not go_on:
+                    return
+                failures_in_a_row += 1
+                if self.resampled and failures_in_a_row >= max(20, 2 * len(self.urls)):
+                    raise ShardError(f"shard {url}: {failures_in_a_row} shard reads failed in a row; "
+                                     f"giving up (are all {len(self.urls)} shards bad?)") from exn
+
+    def _decode(self, samples: Iterable[dict]) -> Iterator[tuple[torch.Tensor, int, str]]:
+        for s in samples:
+            try:
+                k = image_key(s)
+                if k is None:
+                    raise ValueError(f"no image member (expected one of {IMAGE_KEYS}); members: "
+                                     f"{sorted(x for x in s if not x.startswith('__'))}")
+                if "cls" not in s:
+                    raise ValueError("no .cls member (the class label)")
+                img = self.transform(decode(s[k]))
+                label = parse_label(s["cls"])
+            except Exception as exn:  # a bad sample goes to the policy, named with its shard
+                err = ShardError(f"shard {s['__url__']}: sample {s['__key__']!r}: "
+                                 f"{type(exn).__name__}: {exn}")
+                err.__cause__ = exn
+                go_on = self.handler(err)
+                self.stats.add(skipped=1)
+                if not go_on:
+                    return
+                continue
+            yield img, label, s["__key__"]
+
+    def _collate(self, samples: list[tuple[torch.Tensor, int, str]]):
+        first = samples[0][0]
+        shape = (len(samples), *first.shape)
+        if self.output is Output.UINT8:
+            images = torch.stack([s[0] for s in samples], out=_empty_shared(shape, torch.uint8))
+        else:
+            u8 = torch.stack([s[0] for s in samples])
+            images = normalize_batch(u8, out=_empty_shared(shape, torch.float32))
+        labels = torch.tensor([s[1] for s in samples], dtype=torch.long)
+        if self.return_keys:
+            return images, labels, [s[2] for s in samples]
+        return images, labels
+
+    def __iter__(self):
+        info = get_worker_info()
+        worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        # One seed per (seed, epoch, rank, worker): shuffles and augmentations differ across
+        # readers and epochs, and a rerun repeats them.
+        tag = f"{self.seed}/{self.epoch}/{self.rank}/{worker}"
+        rng = random.Random(tag)
+        if info is not None:  # only in a worker process: never reseed the training process
+            torch.manual_seed(random.Random(tag + "/torch").getrandbits(63))
+        samples: Iterable = self._read(self._shards(worker, num_workers, rng))
+        if self.train and self.shuffle_buffer > 1:
+            samples = wds.shuffle(self.shuffle_buffer, min(100, self.shuffle_buffer), rng=rng)(samples)
+        batches = wds.batched(self.batch_size, collation_fn=self._collate,
+                              partial=self.partial)(self._decode(samples))
+        if self.batches_per_worker is not None:
+            batches = islice(batches, self.batches_per_worker)
+        yield from batches
+
+
+class ShardLoader:
+    """Iterable of batches `(images, labels)` (+ `keys` with `return_keys=True`) for one rank.
+
+    `len(loader)` is exact with `resampled=True` (the same on every rank) and, without resampling, is
+    this rank's batch count from the manifest's shard counts (unknown without a manifest). Each
+    `iter()` is one epoch; the shard order changes with the epoch (`set_epoch` to choose it).
+    """
+
+    def __init__(self, dataset: ShardDataset, loader: DataLoader, *, num_workers: int,
+                 batches_per_epoch: int | None, manifest: ShardManifest | None) -> None:
+        self.dataset, self._loader = dataset, loader
+        self.num_workers = num_workers
+        self.batches_per_epoch = batches_per_epoch
+        self.manifest = manifest
+        self.epoch = 0
+
+    @property
+    def stats(self) -> LoaderStats:
+        return self.dataset.stats
+
+    @property
+    def rank(self) -> int:
+        return self.dataset.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.dataset.world_size
+
+    @property
+    def batch_size(self) -> int:
+        return self.dataset.batch_size
+
+    @property
+    def classes(self) -> list[str] | None:
+        return self.manifest.classes if self.manifest else None
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        if self.batches_per_epoch is not None:
+            return self.batches_per_epoch
+        ds = self.dataset
+        if not all(u in ds.counts for u in ds.urls):
+            raise TypeError("length unknown: these shards have no manifest with sample counts "
+                            "(write them with write_shards, or pass resampled=True and epoch_size)")
+        total = 0
+        for w in range(max(1, self.num_workers)):
+            n = sum(ds.counts[u] for u in ds.assigned(self.epoch, w, max(1, self.num_workers)))
+            total += math.ceil(n / ds.batch_size) if ds.partial else n // ds.batch_size
+        return total
+
+    def __iter__(self):
+        self.dataset.epoch = self.epoch  # workers start from a copy of the dataset as it is now
+        self.epoch += 1
+        it = iter(self._loader)
+        if self.batches_per_epoch is None:
+            yield from it
+            return
+        # every rank stops after exactly the same number of batches (each worker yields a few
+        # more than its share; the leftovers are dropped with the iterator)
+        yield from islice(it, self.batches_per_epoch)
+
+    def __repr__(self) -> str:
+        return (f"ShardLoader(shards={len(self.dataset.urls)}, rank={self.rank}/{self.world_size}, "
+                f"workers={self.num_workers}, batch_size={self.batch_size}, "
+                f"resampled={self.dataset.resampled}, batches_per_epoch={self.batches_per_epoch})")
+
+
+def dist_info(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
+    """(rank, world_size): as given, else from RANK/WORLD_SIZE or torch.distributed, as webdataset
+    finds them; (0, 1) in a single process."""
+    if rank is None or world_size is None:
+        r, w, _, _ = wds.utils.pytorch_worker_info()
+        rank = r if rank is None else rank
+        world_size = w if world_size is None else world_size
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size={world_size!r}: expected a positive int")
+    if not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise ValueError(f"rank={rank!r}: expected an int in [0, {world_size - 1}] (world_size={world_size})")
+    return rank, world_size
+
+
+def _default_pin_memory() -> bool:
+    # Pinned (page-locked) host memory lets the copy to the GPU run asynchronously; it is useless
+    # without a GPU. Decided through NVML / the launcher's env: torch.cuda.is_available() here could
+    # initialise CUDA in a notebook kernel and break every later fork.
+    from ..launch.worker import device_kind
+
+    return device_kind() == "cuda"
+
+
+def shard_loader(urls: str | list, batch_size: int, train: bool = True, image_size: int = 224,
+                 augment: str = "basic", num_workers: int = 2, *, resampled: bool = False,
+                 epoch_size: int | None = None, handler: str | Callable[[Exception], bool] = "raise",
+                 shuffle_buffer: int = 1000, shard_shuffle: bool | None = None, seed: int = 0,
+                 rank: int | None = None, world_size: int | None = None, drop_last: bool = False,
+                 pin_memory: bool | None = None, prefetch_factor: int = 2, output: str = "float32",
+                 return_keys: bool = False, crop_scale: tuple[float, float] = CROP_SCALE,
+                 multiprocessing_context: str | None = None) -> ShardLoader:
+    """Batches from WebDataset shards for this rank (see the module docstring for the pipeline).
+
+    urls: a shard directory (with write_shards' manifest, or any *.tar / *.tar.zst / *.tgz), a
+        manifest path, a brace pattern (`dir/shard-{000000..000009}.tar`) or a list of paths.
+    train: shuffle shards and samples and augment; False: fixed order, eval transform.
+    augment: "none" | "basic" (RandomResizedCrop + flip) | "autoaugment" (+ AutoAugment, RandomErasing).
+    resampled, epoch_size: draw shards with replacement and give every rank exactly
+        `epoch_size // (world_size * batch_size)` batches per epoch (`epoch_size` = samples per epoch
+        over all ranks; default: the manifest's sample count). Use this for DDP training.
+    handler: "raise" (default; ShardError names the shard), "warn" (log, skip, count in
+        `loader.stats`) or a webdataset-style callable `(exception) -> bool` (True = skip).
+    rank, world_size: default from RANK/WORLD_SIZE or torch.distributed.
+    pin_memory: default True only when the launch uses GPUs (decided without touching CUDA).
+    output: "float32" (normalised in the workers) or "uint8" (normalise on the GPU with
+        `gpu_lab.data.normalize_batch`).
+    return_keys: batches are (images, labels, keys).
+    """
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size={batch_size!r}: expected a positive int")
+    if not isinstance(num_workers, int) or num_workers < 0:
+        raise ValueError(f"num_workers={num_workers!r}: expected an int >= 0")
+    if not isinstance(shuffle_buffer, int) or shuffle_buffer < 0:
+        raise ValueError(f"shuffle_buffer={shuffle_buffer!r}: expected an int >= 0 (samples)")
+    check_augment(augment)
+    try:
+        out_kind = Output(output)
+    except ValueError:
+        raise ValueError(f"output={output!r}: expected one of {Output.choices()}") from None
+    policy = _policy(handler)
+    rank, world_size = dist_info(rank, world_size)
+    shards, manifest = resolve_shards(urls)
+    readers = world_size * max(1, num_workers)
+    if not resampled and len(shards) < readers:
+        raise ValueError(
+            f"{len(shards)} shard(s) for {world_size} rank(s) x {max(1, num_workers)} worker(s) = "
+            f"{readers} readers: every reader needs at least one shard, or it yields nothing (and "
+            f"under DDP the other ranks hang waiting for it). Write at least {readers} shards "
+            f"(write_shards(..., maxcount=<fewer samples per shard>)), use fewer workers, or pass "
+            f"resampled=True with epoch_size.")
+    counts = None
+    if manifest is not None:
+        by_name = manifest.counts()
+        counts = {u: by_name[Path(u).name] for u in shards}
+
+    batches_per_epoch = batches_per_worker = None
+    if resampled:
+        if epoch_size is None:
+            if manifest is None:
+                raise ValueError("resampled=True needs epoch_size (samples per epoch over all ranks) "
+                                 "when the shards have no manifest")
+            epoch_size = manifest.num_samples
+        if not isinstance(epoch_size, int) or epoch_size < 1:
+            raise ValueError(f"epoch_size={epoch_size!r}: expected a positive int (samples per epoch, "
+                             f"all ranks together)")
+        batches_per_epoch = max(1, epoch_size // (world_size * batch_size))
+        batches_per_worker = math.ceil(batches_per_epoch / max(1, num_workers))
+    elif epoch_size is not None:
+        raise ValueError("epoch_size is only used with resampled=True (without resampling an epoch "
+                         "is one pass over the shards)")
+
+    ctx = mp.get_context(multiprocessing_context)
+    dataset = ShardDataset(
+        shards, counts=counts, rank=rank, world_size=world_size, train=train,
+        shard_shuffle=train if shard_shuffle is None else shard_shuffle, resampled=resampled,
+        seed=seed, shuffle_buffer=shuffle_buffer,
+        transform=build_transform(train, image_size, augment, crop_scale, normalize=False),
+        batch_size=batch_size, partial=not drop_last, handler=policy, stats=LoaderStats(ctx),
+        output=out_kind, return_keys=return_keys, batches_per_worker=batches_per_worker)
+    kw: dict[str, Any] = {}
+    if num_workers > 0:
+        kw.update(prefetch_factor=prefetch_factor, multiprocessing_context=ctx)
+    loader = DataLoader(dataset, batch_size=None, num_workers=num_workers,
+                        pin_memory=_default_pin_memory() if pin_memory is None else pin_memory, **kw)
+    return ShardLoader(dataset, loader, num_workers=num_workers, batches_per_epoch=batches_per_epoch,
+                       manifest=manifest)

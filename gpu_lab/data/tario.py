@@ -1,0 +1,121 @@
+"""Reading tar shards fast: open (plain, gzip or zstd, detected from the magic bytes) and iterate members.
+
+Python's `tarfile` spends about 30 µs of pure-Python header parsing per member; a WebDataset sample
+has two or three members, and the whole per-sample budget of a loader on small JPEGs is about
+400 µs of one core (decode + crop). `iter_members` parses the 512-byte headers itself (ustar, with
+GNU long names and pax path/size records) in a few µs per member, checks each header's checksum,
+and raises `TarFormatError` on a corrupt header or a truncated member, so a bad shard is caught
+where it goes bad and not silently shortened.
+"""
+from __future__ import annotations
+
+import gzip
+from typing import IO, Iterator
+
+_BLOCK = 512
+GZIP_MAGIC = b"\x1f\x8b"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+class TarFormatError(ValueError):
+    """The tar stream is corrupt or ends in the middle of a member."""
+
+
+def open_shard(url: str) -> IO[bytes]:
+    """A readable stream of the tar bytes of a shard file (`file:` prefix allowed): plain tar,
+    gzip (`.tgz`, `.tar.gz`) or zstd (`.tar.zst`), told apart by their first bytes."""
+    path = url[len("file:"):] if url.startswith("file:") else url
+    fh = open(path, "rb", buffering=1 << 20)  # large reads: shards are read front to back
+    head = fh.peek(4)[:4]
+    if head.startswith(GZIP_MAGIC):
+        return gzip.GzipFile(fileobj=fh, mode="rb")  # type: ignore[return-value]
+    if head == ZSTD_MAGIC:
+        import zstandard
+
+        return zstandard.ZstdDecompressor().stream_reader(fh, read_across_frames=True, closefd=True)
+    return fh
+
+
+def _read_exact(stream: IO[bytes], n: int) -> bytes:
+    """n bytes, fewer only at the end of the stream (compressed streams may return short reads)."""
+    data = stream.read(n)
+    if len(data) == n or not data:
+        return data
+    parts = [data]
+    got = len(data)
+    while got < n:
+        more = stream.read(n - got)
+        if not more:
+            break
+        parts.append(more)
+        got += len(more)
+    return b"".join(parts)
+
+
+def _octal(field: bytes, what: str, offset: int) -> int:
+    if field[:1] and field[0] & 0x80:  # GNU base-256 for sizes of 8 GiB and more
+        return int.from_bytes(field[1:], "big")
+    text = field.split(b"\0", 1)[0].strip()
+    try:
+        return int(text, 8) if text else 0
+    except ValueError:
+        raise TarFormatError(f"corrupt tar header at byte {offset}: {what} field {field!r}") from None
+
+
+def _pax_records(data: bytes) -> dict[str, str]:
+    out, i = {}, 0
+    while i < len(data):
+        sp = data.index(b" ", i)
+        length = int(data[i:sp])
+        key, _, value = data[sp + 1:i + length - 1].partition(b"=")
+        out[key.decode("utf-8")] = value.decode("utf-8", "surrogateescape")
+        i += length
+    return out
+
+
+def iter_members(stream: IO[bytes]) -> Iterator[tuple[str, bytes]]:
+    """(name, data) of every regular file in a tar stream, in order."""
+    offset = 0
+    long_name: str | None = None
+    pax: dict[str, str] = {}
+    while True:
+        header = _read_exact(stream, _BLOCK)
+        if not header:
+            return  # EOF without the end-of-archive blocks: tolerated, as tarfile does
+        if len(header) < _BLOCK:
+            raise TarFormatError(f"truncated tar header at byte {offset} ({len(header)} of 512 bytes)")
+        if header == bytes(_BLOCK):
+            return  # end-of-archive marker
+        stored = _octal(header[148:156], "checksum", offset)
+        # checksum: unsigned byte sum with the checksum field counted as spaces
+        if sum(header) - sum(header[148:156]) + 8 * 32 != stored:
+            raise TarFormatError(f"corrupt tar header at byte {offset} (checksum mismatch)")
+        size = _octal(header[124:136], "size", offset)
+        kind = header[156:157]
+        name = header[0:100].split(b"\0", 1)[0]
+        if header[257:262] == b"ustar":
+            prefix = header[345:500].split(b"\0", 1)[0]
+            if prefix:
+                name = prefix + b"/" + name
+        offset += _BLOCK
+        if pax.get("size"):
+            size = int(pax["size"])
+        padded = (size + _BLOCK - 1) // _BLOCK * _BLOCK
+        data = _read_exact(stream, padded)
+        if len(data) < size:
+            raise TarFormatError(f"unexpected end of data in member {name.decode(errors='replace')!r} "
+                                 f"at byte {offset} ({len(data)} of {size} bytes)")
+        offset += padded
+        data = data[:size] if padded != size else data
+        if kind == b"x":  # pax header for the next member
+            pax = _pax_records(data)
+            continue
+        if kind == b"g":  # global pax header: nothing gpu_lab needs
+            continue
+        if kind == b"L":  # GNU long name for the next member
+            long_name = data.rstrip(b"\0").decode("utf-8", "surrogateescape")
+            continue
+        member = long_name or pax.get("path") or name.decode("utf-8", "surrogateescape")
+        long_name, pax = None, {}
+        if kind in (b"0", b"\0", b"7"):  # regular file (7: contiguous file)
+            yield member, data

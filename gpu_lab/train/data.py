@@ -1,0 +1,86 @@
+"""Batches for the fit loop: DataLoaders built from datasets, and (inputs, targets) from a batch.
+
+fit() accepts a map-style Dataset (it then builds the DataLoader, so it can rebuild it with a
+smaller batch after an OOM), an IterableDataset (WebDataset pipelines) or a ready DataLoader.
+"""
+from __future__ import annotations
+
+import math
+import signal
+from typing import Any
+
+IMAGE_KEYS = ("image", "images", "pixel_values", "input", "inputs", "x", "jpg", "png")
+LABEL_KEYS = ("label", "labels", "target", "targets", "y", "cls")
+
+
+def ignore_stop_signals(worker_id: int = 0) -> None:
+    """DataLoader worker_init_fn: a SIGTERM / SIGUSR1 / SIGINT sent to the whole process group is
+    for the training process to handle (checkpoint, then exit 143); if the workers died of it first,
+    the loop would fail on "DataLoader worker killed" before reaching the step boundary. Workers
+    still exit when their parent does (PyTorch's worker watchdog)."""
+    for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+        signal.signal(s, signal.SIG_IGN)
+
+
+def split_batch(batch: Any):
+    """(inputs, targets) from a (x, y) tuple/list or a dict with an image and a label key."""
+    if isinstance(batch, (tuple, list)) and len(batch) >= 2:
+        return batch[0], batch[1]
+    if isinstance(batch, dict):
+        x = next((batch[k] for k in IMAGE_KEYS if k in batch), None)
+        y = next((batch[k] for k in LABEL_KEYS if k in batch), None)
+        if x is not None and y is not None:
+            return x, y
+        raise ValueError(f"batch: a dict with keys {sorted(batch)}; expected an image key (one of "
+                         f"{', '.join(IMAGE_KEYS)}) and a label key (one of {', '.join(LABEL_KEYS)})")
+    raise ValueError(f"batch: got {type(batch).__name__}; expected (inputs, targets) or a dict with "
+                     "image and label keys")
+
+
+def is_loader(data: Any) -> bool:
+    from torch.utils.data import DataLoader
+
+    return isinstance(data, DataLoader)
+
+
+def make_loader(data: Any, batch_size: int, *, shuffle: bool, num_workers: int, seed: int,
+                pin_memory: bool = False):
+    """A DataLoader over `data` (returned unchanged if it already is one).
+
+    The loader gets its own torch.Generator, so drawing the workers' base seed at each epoch never
+    touches the global RNG that dropout uses: a resumed run draws exactly what the original did.
+    """
+    import torch
+    from torch.utils.data import DataLoader, IterableDataset
+
+    if is_loader(data):
+        return data
+    if isinstance(data, IterableDataset):
+        shuffle = False  # an iterable pipeline shuffles itself (webdataset's shuffle stage)
+    elif not hasattr(data, "__getitem__") or not hasattr(data, "__len__"):
+        raise TypeError(f"train_data: got {type(data).__name__}; accepted: a torch Dataset, an "
+                        "IterableDataset or a DataLoader")
+    gen = torch.Generator()
+    gen.manual_seed(int(seed))
+    kw: dict[str, Any] = {}
+    if num_workers > 0:
+        kw.update(worker_init_fn=ignore_stop_signals, persistent_workers=False, prefetch_factor=4)
+    return DataLoader(data, batch_size=batch_size, shuffle=shuffle, num_workers=num_workers,
+                      pin_memory=pin_memory, drop_last=False, generator=gen, **kw)
+
+
+def micro_batches_per_epoch(loader) -> int | None:
+    try:
+        return len(loader)
+    except TypeError:  # an iterable dataset without __len__
+        return None
+
+
+def steps_per_epoch(micro_batches: int | None, accum: int) -> int | None:
+    """Optimizer steps per epoch: the last partial accumulation still steps (accelerate syncs at the
+    end of the data loader)."""
+    return None if micro_batches is None else math.ceil(micro_batches / accum)
+
+
+__all__ = ["split_batch", "make_loader", "ignore_stop_signals", "micro_batches_per_epoch",
+           "steps_per_epoch", "is_loader"]

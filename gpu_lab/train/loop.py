@@ -1,0 +1,519 @@
+"""fit(): one training loop that carries the documents' optimisations as TrainConfig switches.
+
+It reads top to bottom: build the Accelerator, prepare model / optimizer / data, restore the newest
+complete checkpoint, then for each optimizer step run `grad_accum_steps` micro-batches through
+`accelerator.accumulate`, step, report, let the callbacks speak, agree across ranks on what they
+asked for (checkpoint, stop, preemption, memory, NaN), act on it. The same function runs under
+gpu_lab.launch, bare `accelerate.notebook_launcher` and `torchrun`: it creates its Accelerator
+through `gpu_lab.accelerator()` (gloo on CPU-only hosts) and reports through `gpu_lab.report`,
+which is a no-op outside a gpu_lab launch.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from ..stream import get_reporter, report
+from . import activation, oom
+from .callbacks import REQUESTS, Callback, CallbackList, TrainState
+from .checkpoint import checkpoint_dir, latest_checkpoint
+from .data import make_loader, micro_batches_per_epoch, split_batch, steps_per_epoch
+from .guards import NonFiniteLossError, Preempted, PreemptionGuard, default_guards
+from .optim import build_optimizer
+from .profiling import ProfilerWindow
+from .schedules import Schedule, build_scheduler
+from .state import load_training_state, save_training_state, set_rng_state
+from .validate import validate
+
+log = logging.getLogger(__name__)
+
+
+def make_accelerator(config, output_dir: Path):
+    """The Accelerator for `config`, through gpu_lab.accelerator() (cpu=True on GPU-less hosts, so
+    N workers form a gloo group instead of training N independent copies)."""
+    from accelerate.state import AcceleratorState
+    from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration
+
+    from ..launch.worker import accelerator as gpu_lab_accelerator
+
+    state = AcceleratorState._shared_state
+    if state and state.get("_mixed_precision") not in (None, config.mixed_precision):
+        # A second fit() in one process with another precision: accelerate keeps its state in a
+        # process-wide singleton and would refuse. The process group (PartialState) is kept.
+        AcceleratorState._reset_state(reset_partial_state=False)
+    kw: dict[str, Any] = {
+        "mixed_precision": config.mixed_precision,
+        "gradient_accumulation_steps": config.grad_accum_steps,
+        # the same shuffled order on every rank and after a resume: seed + epoch
+        "dataloader_config": DataLoaderConfiguration(use_seedable_sampler=True, data_seed=config.seed),
+        "project_config": ProjectConfiguration(project_dir=str(output_dir),
+                                               logging_dir=str(output_dir / "tensorboard")),
+    }
+    if config.tensorboard:
+        kw["log_with"] = "tensorboard"
+    if config.compile:
+        kw["dynamo_backend"] = "inductor"
+    return gpu_lab_accelerator(**kw)
+
+
+def powersgd_handler(total_steps: int):
+    """DDP kwargs that register the PowerSGD hook (seed 000 §2.2: −70% gradient traffic).
+
+    PowerSGD runs plain all-reduce for its first `start_powerSGD_iter` iterations (the gradients
+    are still large and noisy), then rank-1 compression with error feedback; here that warm-up is
+    10% of the run, between 2 and 1000 iterations."""
+    from accelerate.utils import DDPCommunicationHookType, DistributedDataParallelKwargs
+
+    start = max(2, min(1000, total_steps // 10))
+    return DistributedDataParallelKwargs(comm_hook=DDPCommunicationHookType.POWER_SGD,
+                                         comm_state_option={"matrix_approximation_rank": 1,
+                                                            "start_powerSGD_iter": start})
+
+
+def default_loss(outputs, targets):
+    import torch.nn.functional as F
+
+    return F.cross_entropy(outputs, targets)
+
+
+@dataclass
+class _Run:
+    """Mutable loop state that survives an OOM retry (what a restart from a step boundary needs)."""
+
+    loader: Any = None
+    micro: int = 0
+    accum: int = 1
+    boundary_batch: int = 0      # data position (micro-batches in epoch) at the last step boundary
+    pending_rng: Any = None      # RNG states to apply right before the first step after a resume
+    steps_time: float = 0.0      # time inside optimizer steps (for the overall samples/s)
+    run_samples: int = 0
+    last_saved_step: int = -1
+    last_eval_step: int = -1
+    eval_metrics: dict = field(default_factory=dict)
+    stopped: str | None = None
+    oom_retries: int = 0
+
+
+def fit(model, train_data, config, eval_data=None, callbacks: Iterable[Callback] = (), *,
+        loss_fn: Callable | None = None, guards: bool = True) -> dict[str, Any]:
+    """Train `model` on `train_data` as `config` (a TrainConfig or a dict) says; returns a summary.
+
+    `train_data` / `eval_data`: a map-style Dataset (fit builds the DataLoader; needed for the
+    OOM retry), an IterableDataset, or a DataLoader; batches are (inputs, targets) or dicts.
+    `callbacks` run after the default guards (preemption, kernel control requests, memory
+    threshold, NaN loss; `guards=False` leaves them out). Call it on every rank.
+
+    The summary: steps, total_steps, epoch, loss, accuracy / eval_loss (with eval_data),
+    samples_per_s, wall_s, checkpoint (the last one written), resumed_from, stopped (None, "stop"),
+    num_processes, micro_batch_size, grad_accum_steps, global_batch, output_dir, profile_trace.
+    Preemption raises Preempted (a SystemExit with code 143) after the checkpoint.
+    """
+    import torch
+    from accelerate.utils import set_seed
+
+    cfg = validate(config)
+    t_start = time.perf_counter()
+    out_dir = Path(cfg.output_dir).expanduser()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    acc = make_accelerator(cfg, out_dir)
+    set_seed(cfg.seed)
+    world = acc.num_processes
+    zero = cfg.zero and world > 1
+    if cfg.zero and not zero:
+        log.warning("zero=True ignored: one process has no optimizer state to shard with others")
+    loss_fn = loss_fn or default_loss
+
+    # --- model, optimizer, data ------------------------------------------------------------------
+    if cfg.activation_checkpointing:
+        activation.enable(model)
+    if cfg.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    optimizer = build_optimizer(model, cfg, zero=zero)
+    run = _Run(micro=cfg.batch_size, accum=cfg.grad_accum_steps)
+    pin = acc.device.type == "cuda"
+    raw_loader = make_loader(train_data, run.micro, shuffle=True, num_workers=cfg.num_workers,
+                             seed=cfg.seed, pin_memory=pin)
+    run.loader = acc.prepare(raw_loader)  # sharded: each rank sees len(run.loader) micro-batches
+    spe = steps_per_epoch(micro_batches_per_epoch(run.loader), run.accum)
+    if cfg.max_steps is None and spe is None:
+        raise ValueError("TrainConfig.max_steps: the training data has no length (an iterable "
+                         "pipeline), so epochs cannot be counted; set max_steps")
+    total_steps = cfg.total_steps(spe)
+    if cfg.powersgd and world > 1:
+        acc.ddp_handler = powersgd_handler(total_steps)
+    model, optimizer = acc.prepare(model, optimizer)
+    eval_loader = None
+    if eval_data is not None:
+        eval_loader = acc.prepare(make_loader(eval_data, run.micro, shuffle=False,
+                                              num_workers=cfg.num_workers, seed=cfg.seed,
+                                              pin_memory=pin))
+    scheduler = build_scheduler(getattr(optimizer, "optimizer", optimizer), cfg, total_steps)
+
+    state = TrainState(config=cfg, accelerator=acc, model=model, optimizer=optimizer,
+                       scheduler=scheduler, total_steps=total_steps, micro_batch_size=run.micro,
+                       grad_accum_steps=run.accum, output_dir=out_dir,
+                       lr=scheduler.get_last_lr()[0])
+    extra: list[Callback] = default_guards(cfg) if guards else []
+    if cfg.profile_steps:
+        extra.append(ProfilerWindow(cfg.profile_steps))
+    cbs = CallbackList([*extra, *callbacks])
+
+    # --- resume ------------------------------------------------------------------------------------
+    resumed_from = None
+    if cfg.resume:
+        info = _agreed_latest(acc, checkpoint_dir(out_dir))
+        if info is not None:
+            restored = load_training_state(acc, model, optimizer, scheduler, info)
+            state.step = int(restored["step"])
+            state.epoch = int(restored["epoch"])
+            state.samples_seen = int(restored.get("samples_seen", 0))
+            # the position is counted in micro-batches of the saved run's size
+            saved_micro = int(restored.get("micro_batch_size", run.micro))
+            state.batch_in_epoch = int(restored["batch_in_epoch"]) * saved_micro // run.micro
+            run.boundary_batch = state.batch_in_epoch
+            run.pending_rng = restored["rng"]
+            run.last_saved_step = state.step
+            state.last_checkpoint = info.path
+            state.lr = _follow_config_schedule(scheduler, cfg, total_steps)
+            resumed_from = str(info.path)
+            if acc.is_main_process:
+                get_reporter().log(f"resumed from {info.path} at step {state.step}")
+
+    if cfg.tensorboard:
+        acc.init_trackers(os.environ.get("GPU_LAB_RUN_ID") or "run", config=_hparams(cfg))
+
+    # --- train -------------------------------------------------------------------------------------
+    cbs.call("on_fit_start", state)
+    try:
+        while True:
+            failure = None
+            try:
+                _train(acc, model, optimizer, scheduler, run, state, cbs, cfg, loss_fn,
+                       eval_loader, train_data)
+                break
+            except Exception as e:  # noqa: BLE001 - only OOM is handled; the rest is re-raised
+                if not oom.is_oom(e):
+                    raise
+                failure = oom.triage(cfg, step=state.step, micro_batch=run.micro,
+                                     accum=run.accum, num_processes=world, error=e)
+            # out of the except block: the traceback (and the tensors its frames hold) is gone
+            oom.free_memory()
+            smaller = oom.smaller_batch(run.micro, run.accum)
+            if not (cfg.oom_retry and world == 1 and smaller and not _is_loader(train_data)):
+                raise oom.TrainingOutOfMemoryError(failure)
+            _retry_smaller(acc, optimizer, run, state, cfg, train_data, smaller, pin)
+
+        # --- the end: final evaluation and checkpoint ----------------------------------------------
+        if eval_loader is not None and run.last_eval_step != state.step:
+            _evaluate(acc, model, eval_loader, loss_fn, run, state, cbs)
+        if run.last_saved_step != state.step:
+            _save(acc, model, optimizer, scheduler, run, state, cbs, cfg, "final")
+    except BaseException as exc:
+        if not isinstance(exc, Preempted):
+            cbs.call("on_exception", state, exc)
+        _end_trackers(acc, cfg)
+        raise
+
+    summary = _summary(acc, cfg, run, state, t_start, resumed_from, world)
+    cbs.call("on_fit_end", state, summary)
+    _end_trackers(acc, cfg)
+    return summary
+
+
+def _train(acc, model, optimizer, scheduler, run: _Run, state: TrainState, cbs: CallbackList, cfg,
+           loss_fn, eval_loader, train_data) -> None:
+    """Optimizer steps from the current position until total_steps, a stop, or an exception."""
+    import torch
+
+    world = acc.num_processes
+    channels_last = cfg.channels_last
+    max_norm = cfg.max_grad_norm
+    log_every = cfg.log_every
+    ckpt_every = cfg.checkpoint_every
+    eval_every = cfg.eval_every
+    perf = time.perf_counter
+    gradient_state = acc.gradient_state
+    model.train()
+    t_log = perf()
+    log_steps = log_samples = 0
+    log_wait = 0.0
+    loss = None
+
+    while state.step < state.total_steps:
+        # the shuffled order of an epoch depends only on (seed, epoch): resumable without a state
+        run.loader.set_epoch(state.epoch)
+        skip = run.boundary_batch
+        loader = acc.skip_first_batches(run.loader, skip) if skip else run.loader
+        it = iter(loader)
+        state.batch_in_epoch = skip
+        if run.pending_rng is not None:
+            # after the iterator exists: creating it must not shift the restored RNG streams
+            set_rng_state(run.pending_rng, acc.device.type)
+            run.pending_rng = None
+        epoch_done = False
+        while state.step < state.total_steps and not epoch_done:
+            cbs.call("on_step_start", state)
+            t0 = perf()
+            wait = 0.0
+            got = samples = 0
+            for _ in range(run.accum):
+                tw = perf()
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    break
+                wait += perf() - tw
+                x, y = split_batch(batch)
+                if channels_last and x.dim() == 4:
+                    x = x.contiguous(memory_format=torch.channels_last)
+                with acc.accumulate(model):
+                    out = model(x)
+                    loss = loss_fn(out, y)
+                    acc.backward(loss)
+                    if acc.sync_gradients and max_norm is not None:
+                        acc.clip_grad_norm_(model.parameters(), max_norm)
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+                got += 1
+                samples += len(y)
+                if gradient_state.end_of_dataloader:
+                    epoch_done = True
+                    break
+            if got == 0:  # the epoch ended exactly at the last step boundary
+                break
+            # --- an optimizer step is complete ----------------------------------------------------
+            scheduler.step()
+            dt = perf() - t0
+            state.step += 1
+            state.loss = loss.detach()
+            state.lr = scheduler.get_last_lr()[0]
+            n = samples * world
+            state.samples_seen += n
+            run.run_samples += n
+            run.steps_time += dt
+            if epoch_done:
+                state.epoch += 1
+                state.batch_in_epoch = 0
+            else:
+                state.batch_in_epoch += got
+            run.boundary_batch = state.batch_in_epoch
+            log_steps += 1
+            log_samples += n
+            log_wait += wait
+            cbs.call("on_step_end", state)
+
+            if state.step % log_every == 0 or state.step == state.total_steps:
+                now = perf()
+                span = max(now - t_log, 1e-9)
+                metrics = {"loss": loss.item(),  # CPU-GPU sync point, once per log_every steps
+                           "lr": state.lr, "samples_per_s": log_samples / span,
+                           "step_time": span / log_steps, "data_wait": log_wait / log_steps,
+                           "epoch": state.epoch}
+                t_log, log_steps, log_samples, log_wait = now, 0, 0, 0.0
+                state.metrics.update(metrics)
+                report(step=state.step, **metrics)
+                if cfg.tensorboard:
+                    acc.log(metrics, step=state.step)
+                cbs.call("on_log", state, metrics)
+                if _act_on_requests(acc, model, optimizer, scheduler, run, state, cbs, cfg):
+                    return
+
+            if ckpt_every and state.step % ckpt_every == 0 and run.last_saved_step != state.step:
+                _save(acc, model, optimizer, scheduler, run, state, cbs, cfg, "periodic")
+            if eval_loader is not None and (
+                    (eval_every and state.step % eval_every == 0) or (not eval_every and epoch_done)):
+                _evaluate(acc, model, eval_loader, loss_fn, run, state, cbs)
+                model.train()
+                t_log = perf()  # evaluation time is not training throughput
+        if not epoch_done and state.step < state.total_steps:  # got == 0: next epoch
+            state.epoch += 1
+            state.batch_in_epoch = run.boundary_batch = 0
+
+
+def _act_on_requests(acc, model, optimizer, scheduler, run, state, cbs, cfg) -> bool:
+    """Agree on the callbacks' requests across ranks and act; True when training must end."""
+    agreed = _agree(acc, state.requests)
+    state.requests.clear()
+    if not agreed:
+        return False
+    if "nonfinite" in agreed:
+        raise NonFiniteLossError(
+            f"the loss is {state.metrics.get('loss')} at step {state.step} (lr {state.lr:.3g}); "
+            f"stopped without saving, the last good checkpoint is {state.last_checkpoint}. Try a "
+            f"lower lr, a longer warmup_ratio, max_grad_norm (now {cfg.max_grad_norm}), or bf16 "
+            f"instead of fp16.")
+    saving = [r for r in ("preempt", "memory", "stop", "checkpoint") if r in agreed]
+    if saving:
+        _save(acc, model, optimizer, scheduler, run, state, cbs, cfg, "+".join(saving))
+    if "preempt" in agreed:
+        signum = next((cb.received for cb in cbs if isinstance(cb, PreemptionGuard)), None)
+        summary = {"steps": state.step, "checkpoint": str(state.last_checkpoint),
+                   "stopped": "preempt"}
+        cbs.call("on_fit_end", state, summary)
+        if acc.is_main_process:
+            get_reporter().log(f"preempted at step {state.step}: checkpoint {state.last_checkpoint}")
+            get_reporter().flush(1.0)
+        raise Preempted(state.step, str(state.last_checkpoint), signum)
+    if "stop" in agreed:
+        run.stopped = "stop"
+        return True
+    return False
+
+
+def _follow_config_schedule(scheduler, cfg, total_steps: int) -> float:
+    """After a resume: the checkpoint gives the position (the step), this run's config gives the
+    shape (peak lr, warmup, length), so a run resumed with a larger max_steps decays over the new
+    length instead of the old one. With an unchanged config this recomputes the same numbers."""
+    fn = Schedule.from_config(cfg, total_steps)
+    groups = scheduler.optimizer.param_groups
+    scheduler.lr_lambdas = [fn] * len(groups)
+    scheduler.base_lrs = [cfg.lr] * len(groups)
+    lrs = [base * fn(scheduler.last_epoch) for base in scheduler.base_lrs]
+    for g, lr in zip(groups, lrs):
+        g["initial_lr"], g["lr"] = cfg.lr, lr
+    scheduler._last_lr = lrs
+    return lrs[0]
+
+
+def _agree(acc, requests: set) -> set:
+    """The union of every rank's requests (one tiny all-reduce MAX; nothing on one process)."""
+    if acc.num_processes == 1:
+        return set(requests)
+    import torch
+    import torch.distributed as dist
+
+    flags = torch.tensor([1 if r in requests else 0 for r in REQUESTS], dtype=torch.int32,
+                         device=acc.device)
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    return {r for r, f in zip(REQUESTS, flags.tolist()) if f}
+
+
+def _agreed_latest(acc, root: Path):
+    """Rank 0 picks the newest complete checkpoint; every rank gets the same answer."""
+    info = latest_checkpoint(root) if acc.is_main_process else None
+    if acc.num_processes == 1:
+        return info
+    import torch.distributed as dist
+
+    box = [str(info.path) if info is not None else None]
+    dist.broadcast_object_list(box, src=0)
+    if box[0] is None:
+        return None
+    if info is None:
+        from .checkpoint import CheckpointInfo, read_manifest
+
+        p = Path(box[0])
+        info = CheckpointInfo(path=p, step=int(p.name.split("_")[1]), manifest=read_manifest(p))
+    return info
+
+
+def _save(acc, model, optimizer, scheduler, run: _Run, state: TrainState, cbs, cfg, reason: str):
+    if run.last_saved_step != state.step:
+        trainer_state = {"step": state.step, "epoch": state.epoch,
+                         "batch_in_epoch": state.batch_in_epoch, "samples_seen": state.samples_seen,
+                         "micro_batch_size": run.micro, "grad_accum_steps": run.accum,
+                         "num_processes": acc.num_processes, "reason": reason,
+                         "config": cfg.to_dict(), "time": time.time()}
+        path = save_training_state(acc, model, optimizer, scheduler, root=checkpoint_dir(state.output_dir),
+                                   step=state.step, trainer_state=trainer_state, keep_last=cfg.keep_last)
+        run.last_saved_step = state.step
+        state.last_checkpoint = path
+        if acc.is_main_process:
+            get_reporter().log(f"checkpoint step {state.step} ({reason}): {path}")
+    cbs.call("on_checkpoint", state, state.last_checkpoint, reason)
+
+
+def _evaluate(acc, model, loader, loss_fn, run: _Run, state: TrainState, cbs) -> dict:
+    """Accuracy and mean loss over the whole eval set, on all ranks (gather_for_metrics drops the
+    samples accelerate repeats to give every rank the same number of batches)."""
+    import torch
+    import torch.nn.functional as F
+
+    model.eval()
+    correct = total = 0
+    loss_sum = 0.0
+    with torch.no_grad():
+        for batch in loader:
+            x, y = split_batch(batch)
+            if state.config.channels_last and x.dim() == 4:
+                x = x.contiguous(memory_format=torch.channels_last)
+            out = model(x)
+            if loss_fn is default_loss:
+                losses = F.cross_entropy(out.float(), y, reduction="none")
+            else:
+                losses = loss_fn(out, y).detach().float().expand(len(y))
+            preds, y, losses = acc.gather_for_metrics((out.argmax(-1), y, losses))
+            correct += int((preds == y).sum())
+            total += len(y)
+            loss_sum += float(losses.sum())
+    metrics = {"accuracy": correct / max(total, 1), "eval_loss": loss_sum / max(total, 1)}
+    run.eval_metrics = metrics
+    run.last_eval_step = state.step
+    state.metrics.update(metrics)
+    report(step=state.step, **metrics)
+    if state.config.tensorboard:
+        acc.log(metrics, step=state.step)
+    cbs.call("on_eval_end", state, metrics)
+    return metrics
+
+
+def _retry_smaller(acc, optimizer, run: _Run, state: TrainState, cfg, train_data, smaller, pin):
+    """Continue from the last step boundary with a smaller per-device batch and more accumulation
+    (the global batch, and so the training math, unchanged)."""
+    micro, accum = smaller
+    optimizer.zero_grad(set_to_none=True)  # drop the half-accumulated gradients of the failed step
+    position = run.boundary_batch * run.micro  # samples into the epoch, per rank
+    msg = (f"out of memory with a per-device batch of {run.micro}: retrying from step {state.step} "
+           f"with batch {micro} × {accum} accumulation (same global batch)")
+    log.warning(msg)
+    if acc.is_main_process:
+        get_reporter().log(msg)
+    run.micro, run.accum = micro, accum
+    run.boundary_batch = position // micro
+    run.oom_retries += 1
+    state.micro_batch_size, state.grad_accum_steps = micro, accum
+    acc.gradient_accumulation_steps = accum
+    acc.step = 0
+    run.loader = acc.prepare(make_loader(train_data, micro, shuffle=True, num_workers=cfg.num_workers,
+                                         seed=cfg.seed, pin_memory=pin))
+
+
+def _summary(acc, cfg, run: _Run, state: TrainState, t_start: float, resumed_from, world) -> dict:
+    loss = state.metrics.get("loss")
+    return {
+        "steps": state.step, "total_steps": state.total_steps, "epoch": state.epoch,
+        "loss": loss, "accuracy": run.eval_metrics.get("accuracy"),
+        "eval_loss": run.eval_metrics.get("eval_loss"),
+        "samples_per_s": run.run_samples / run.steps_time if run.steps_time else None,
+        "wall_s": time.perf_counter() - t_start,
+        "checkpoint": str(state.last_checkpoint) if state.last_checkpoint else None,
+        "resumed_from": resumed_from, "stopped": run.stopped, "num_processes": world,
+        "micro_batch_size": run.micro, "grad_accum_steps": run.accum,
+        "global_batch": run.micro * run.accum * world, "oom_retries": run.oom_retries,
+        "mixed_precision": cfg.mixed_precision, "output_dir": str(Path(cfg.output_dir)),
+    }
+
+
+def _is_loader(data) -> bool:
+    from .data import is_loader
+
+    return is_loader(data)
+
+
+def _hparams(cfg) -> dict:
+    # TensorBoard's hparams accept numbers, strings and bools only
+    return {k: ("" if v is None else v) for k, v in cfg.to_dict().items()}
+
+
+def _end_trackers(acc, cfg) -> None:
+    # not acc.end_training(): that also destroys the process group, which belongs to the caller
+    if cfg.tensorboard and acc.is_main_process:
+        for tracker in acc.trackers:
+            tracker.finish()
+
+
+__all__ = ["fit", "make_accelerator", "default_loss"]

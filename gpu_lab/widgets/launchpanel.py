@@ -1,0 +1,313 @@
+"""LaunchPanel: a form generated from TrainConfig's fields, Launch / Stop / Checkpoint-now
+buttons, and the Dashboard of the run it launched.
+
+The form is built from `TrainConfig.field_help()`: each field gets the input its type calls for,
+its help text, and an inline message when its value is refused — the message is TrainConfig's own,
+so the form and the Python API can never disagree about what is valid. Launch calls
+`gpu_lab.launch(train_fn, config, config=config, num_processes=..., mixed_precision=...)`, which
+returns at once: the kernel, and therefore every button here, stays responsive during training.
+"""
+from __future__ import annotations
+
+import html
+import re
+import threading
+from typing import Any, Callable
+
+import ipywidgets as W
+
+from ..config import TrainConfig
+from .dashboard import Dashboard
+
+#: Form sections (field order within a section follows this list; fields that no section names
+#: land in "other", so a new TrainConfig field shows up without touching this file).
+SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("run", ("model", "num_processes", "mixed_precision", "max_steps", "epochs", "batch_size", "lr",
+             "data_dir")),
+    ("optimisation", ("optimizer", "scheduler", "warmup_ratio", "weight_decay", "momentum",
+                      "step_size", "gamma", "grad_accum_steps", "max_grad_norm")),
+    ("memory and speed", ("activation_checkpointing", "channels_last", "compile", "powersgd",
+                          "zero", "memory_threshold", "oom_retry", "profile_steps")),
+    ("data", ("image_size", "num_classes", "num_workers", "augment", "seed")),
+    ("checkpoints and logging", ("output_dir", "checkpoint_every", "keep_last", "resume",
+                                 "eval_every", "log_every", "tensorboard")),
+)
+
+_FIELD_RE = re.compile(r"TrainConfig\.(\w+)")
+_DESC = {"description_width": "150px"}
+
+
+class Field:
+    """One form row: the input, the help text and the inline validation message."""
+
+    def __init__(self, name: str, info: dict[str, Any], value: Any) -> None:
+        self.name = name
+        self.info = info
+        typ, choices = info["type"], info.get("choices")
+        lay = W.Layout(width="330px")
+        if choices:
+            opts = list(choices)
+            if info.get("optional"):
+                opts = [("(none)", None)] + [(str(c), c) for c in opts]
+            self.input = W.Dropdown(options=opts, value=value, description=name, style=_DESC,
+                                    layout=lay)
+        elif typ is bool:
+            self.input = W.Checkbox(value=bool(value), description=name, style=_DESC, layout=lay)
+        else:
+            hint = "empty: " + ("auto" if name == "num_processes" else "none") \
+                if info.get("optional") else ""
+            self.input = W.Text(value=self._to_text(value), description=name, placeholder=hint,
+                                style=_DESC, layout=lay, continuous_update=True)
+        rng = ""
+        if info.get("lo") is not None or info.get("hi") is not None:
+            rng = f" [{_num(info.get('lo'))} … {_num(info.get('hi'))}]"
+        self.help = W.HTML(f"<span style='color:#666;font-size:12px'>{html.escape(info['help'])}"
+                           f"{html.escape(rng)}</span>", layout=W.Layout(width="auto", flex="1"))
+        self.error = W.HTML("", layout=W.Layout(display="none", margin="0 0 0 155px"))
+        self.row = W.VBox([W.HBox([self.input, self.help], layout=W.Layout(align_items="center")),
+                           self.error])
+
+    @staticmethod
+    def _to_text(v: Any) -> str:
+        return "" if v is None else str(v)
+
+    def get(self) -> Any:
+        """The value to hand to TrainConfig (strings parsed to numbers where they can be)."""
+        v = self.input.value
+        if not isinstance(self.input, W.Text):
+            return v
+        s = v.strip()
+        typ = self.info["type"]
+        if s == "":
+            return None if (self.info.get("optional") or typ is not str) else ""
+        if typ is int:
+            for conv in (int, float):
+                try:
+                    return conv(s)
+                except ValueError:
+                    continue
+            return s  # TrainConfig names the field and says an int is expected
+        if typ is float:
+            try:
+                return float(s)
+            except ValueError:
+                return s
+        return s
+
+    def set(self, value: Any) -> None:
+        self.input.value = value if not isinstance(self.input, W.Text) else self._to_text(value)
+
+    def show_error(self, message: str | None) -> None:
+        self.error.value = (f"<span style='color:#b00;font-size:12px'>{html.escape(message)}</span>"
+                            if message else "")
+        self.error.layout.display = None if message else "none"
+
+
+def _num(v: Any) -> str:
+    if v is None:
+        return "∞"
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+class LaunchPanel(W.VBox):
+    """Configure, launch, stop and checkpoint a training run from a form.
+
+    train_fn: the training function, called as train_fn(config) on every rank (default:
+    gpu_lab.train.train_classifier). config: initial form values. launcher: what Launch calls
+    (default gpu_lab.launch; tests may pass another).
+    """
+
+    def __init__(self, train_fn: Callable | None = None, config: TrainConfig | None = None, *,
+                 launcher: Callable | None = None, dashboard_kw: dict | None = None) -> None:
+        if config is not None and not isinstance(config, TrainConfig):
+            raise TypeError(f"LaunchPanel config: expected a TrainConfig or None, got "
+                            f"{type(config).__name__}")
+        if train_fn is not None and not callable(train_fn):
+            raise TypeError(f"LaunchPanel train_fn: expected a callable, got {type(train_fn).__name__}")
+        self.train_fn = train_fn
+        self._launcher = launcher
+        self._dashboard_kw = dict(dashboard_kw or {})
+        self.run: Any = None
+        self.dashboard: Dashboard | None = None
+        self.errors: dict[str, str] = {}
+        initial = (config or TrainConfig()).to_dict()
+
+        help_ = TrainConfig.field_help()
+        self.fields: dict[str, Field] = {}
+        for name, info in help_.items():
+            if info.get("form", True) is False:
+                continue
+            self.fields[name] = Field(name, info, initial.get(name, info["default"]))
+        sections, seen = [], set()
+        for title, names in SECTIONS:
+            rows = [self.fields[n].row for n in names if n in self.fields]
+            seen.update(names)
+            if rows:
+                sections.append((title, rows))
+        rest = [f.row for n, f in self.fields.items() if n not in seen]
+        if rest:
+            sections.append(("other", rest))
+        self.form = W.Accordion(children=[W.VBox(rows) for _, rows in sections],
+                                titles=[t for t, _ in sections], selected_index=0)
+        for f in self.fields.values():
+            f.input.observe(self._on_change, names="value")
+
+        self.launch_button = W.Button(description="Launch", button_style="success", icon="play",
+                                      tooltip="start training with this configuration")
+        self.stop_button = W.Button(description="Stop", button_style="danger", icon="stop",
+                                    disabled=True, tooltip="SIGTERM the run (it checkpoints and "
+                                    "exits), SIGKILL what is left after a grace period")
+        self.checkpoint_button = W.Button(description="Checkpoint now", icon="save", disabled=True,
+                                          tooltip="ask rank 0 to save at the next step boundary")
+        self.launch_button.on_click(self._on_launch)
+        self.stop_button.on_click(self._on_stop)
+        self.checkpoint_button.on_click(self._on_checkpoint)
+        self.status = W.HTML("")
+        self.form_error = W.HTML("", layout=W.Layout(display="none"))
+        self.run_box = W.VBox([])
+        buttons = W.HBox([self.launch_button, self.stop_button, self.checkpoint_button, self.status],
+                         layout=W.Layout(align_items="center"))
+        super().__init__([W.HTML("<b>gpu_lab</b> · launch a training run"), self.form,
+                          self.form_error, buttons, self.run_box])
+        self.validate()
+
+    # --- the form ----------------------------------------------------------------------------------
+    def values(self) -> dict[str, Any]:
+        return {n: f.get() for n, f in self.fields.items()}
+
+    def validate(self) -> dict[str, str]:
+        """Check the form; show each refused field's message inline. Returns {field: message}
+        ("" for a problem that names no field)."""
+        values = self.values()
+        defaults = {n: f.info["default"] for n, f in self.fields.items()}
+        errors: dict[str, str] = {}
+        for _ in range(len(values) + 1):  # one more error found per pass, each put back to default
+            try:
+                TrainConfig(**values)
+                break
+            except (TypeError, ValueError) as e:
+                msg = str(e)
+                names = [n for n in _FIELD_RE.findall(msg) if n in values] or [""]
+                fixed = False
+                for n in names:
+                    errors.setdefault(n, msg)
+                    if n and values[n] != defaults[n]:
+                        values[n] = defaults[n]
+                        fixed = True
+                if not fixed:
+                    break
+        for n, f in self.fields.items():
+            f.show_error(errors.get(n))
+        general = errors.get("")
+        self.form_error.value = (f"<span style='color:#b00'>{html.escape(general)}</span>"
+                                 if general else "")
+        self.form_error.layout.display = None if general else "none"
+        self.errors = errors
+        self._sync_buttons()
+        return errors
+
+    def _on_change(self, _change: dict) -> None:
+        self.validate()
+
+    @property
+    def config(self) -> TrainConfig:
+        """The form's TrainConfig (raises TrainConfig's error if a field is refused)."""
+        return TrainConfig(**self.values())
+
+    def set_config(self, config: TrainConfig) -> None:
+        for n, v in config.to_dict().items():
+            if n in self.fields:
+                self.fields[n].set(v)
+        self.validate()
+
+    # --- buttons -----------------------------------------------------------------------------------
+    @property
+    def active(self) -> bool:
+        return self.run is not None and getattr(self.run, "status", None) not in (
+            "succeeded", "failed", "stopped", "lost")
+
+    def _sync_buttons(self) -> None:
+        active = self.active
+        self.launch_button.disabled = active or bool(self.errors)
+        self.stop_button.disabled = not active
+        self.checkpoint_button.disabled = not active
+
+    def _say(self, text: str, color: str = "#555") -> None:
+        self.status.value = f"<span style='color:{color}'>{html.escape(text)}</span>"
+
+    def _on_launch(self, _button: Any = None) -> None:
+        if self.active:
+            self._say("a run is already active: stop it first", "#9a6700")
+            return
+        if self.validate():
+            self._say("fix the fields marked in red", "#b00")
+            return
+        config = self.config
+        try:
+            fn = self.train_fn or _default_train_fn()
+            launch = self._launcher or _default_launcher()
+            self.launch_button.disabled = True
+            self._say("launching…")
+            run = launch(fn, config, config=config, num_processes=config.num_processes,
+                         mixed_precision=config.mixed_precision)
+        except Exception as e:  # PreflightError, a port in use, …: show it, keep the panel usable
+            self.run = None
+            self._sync_buttons()
+            self._say(f"launch failed: {type(e).__name__}: {e}", "#b00")
+            return
+        if self.dashboard is not None:
+            self.dashboard.close()
+        self.run = run
+        self.dashboard = Dashboard(run, **self._dashboard_kw)
+        self.dashboard.info.on_final(self._on_run_end)
+        self.run_box.children = (self.dashboard,)
+        self._sync_buttons()
+        self._say(f"launched {getattr(run, 'id', run)}", "#1a7f37")
+
+    def _on_run_end(self, run: Any) -> None:
+        """Receiver thread, once the run's final state is drawn: re-enable Launch."""
+        if run is self.run:
+            self._sync_buttons()
+            self._say(f"run {getattr(run, 'id', '')} {getattr(run, 'status', '')}",
+                      "#b00" if getattr(run, "status", "") == "failed" else "#555")
+
+    def _on_stop(self, _button: Any = None) -> None:
+        run = self.run
+        if run is None or not self.active:
+            return
+        self.stop_button.disabled = True
+        self.checkpoint_button.disabled = True
+        self._say("stopping… (the run checkpoints, then exits)", "#9a6700")
+        # Run.stop waits for the process tree (up to its grace period): not on the kernel's thread
+        threading.Thread(target=run.stop, name="gpu_lab-stop", daemon=True).start()
+
+    def _on_checkpoint(self, _button: Any = None) -> None:
+        run = self.run
+        if run is None or not self.active:
+            return
+        run.request_checkpoint()
+        self._say("checkpoint requested: rank 0 saves at the next step boundary")
+
+    def close(self) -> None:
+        if self.dashboard is not None:
+            self.dashboard.close()
+        super().close()
+
+    def __repr__(self) -> str:
+        return (f"LaunchPanel(fields={len(self.fields)}, run={getattr(self.run, 'id', None)!r}, "
+                f"errors={sorted(self.errors)})")
+
+
+def _default_train_fn() -> Callable:
+    try:
+        from ..train import train_classifier
+    except ImportError as e:
+        raise RuntimeError("LaunchPanel: gpu_lab.train.train_classifier is not available "
+                           f"({e}); pass train_fn=your_function") from e
+    return train_classifier
+
+
+def _default_launcher() -> Callable:
+    from ..launch import launch
+
+    return launch

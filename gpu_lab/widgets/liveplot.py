@@ -1,0 +1,289 @@
+"""LivePlot: loss per rank and their mean, plus throughput, learning rate and data-wait panels.
+
+Data path: the training ranks call gpu_lab.report(step, loss=..., lr=..., samples_per_s=...);
+the kernel's receiver thread puts the events into the run's bounded MetricHistory and calls our
+`on_events`, which only marks the plot dirty. The receiver's tick (~4 Hz) calls `tick`, which
+redraws at most `max_hz` times a second with exactly one `fig.batch_update()`. Every trace is
+reduced to at most `max_points` by min/max decimation, so a loss spike stays visible and a
+million-step run sends the browser what a two-thousand-step run does.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Iterable, Sequence
+
+import ipywidgets as W
+
+from ..stream import events as ev
+from ..stream.history import MetricHistory, decimate_minmax
+from .throttle import MAX_HZ, Flusher
+
+LOSS = "loss"
+MEAN = -1  # the "rank" of the mean-of-ranks trace
+FINAL_STATUSES = ("succeeded", "failed", "stopped", "lost")
+
+#: The small panels under the loss plot: key, title, the metric names that feed it (first found
+#: wins), and whether one trace per rank is drawn (False: the lowest rank only, e.g. the lr).
+PANELS: tuple[tuple[str, str, tuple[str, ...], bool], ...] = (
+    ("throughput", "samples/s", ("samples_per_s", "samples_per_sec", "throughput"), True),
+    ("lr", "learning rate", ("lr", "learning_rate"), False),
+    ("data_wait", "data-wait fraction", ("data_wait", "data_wait_frac", "data_wait_fraction"), True),
+)
+
+COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+          "#bcbd22", "#17becf")
+
+
+def ema(values: Sequence[float], weight: float) -> list[float]:
+    """TensorBoard's debiased exponential moving average (weight 0: no smoothing)."""
+    out, last = [], 0.0
+    for i, v in enumerate(values, 1):
+        last = last * weight + (1.0 - weight) * v
+        out.append(last / (1.0 - weight**i) if weight < 1.0 else v)
+    return out
+
+
+def mean_of_ranks(series: list[tuple[list, list, list]]) -> tuple[list, list, list]:
+    """Mean over ranks on the lowest rank's steps. Each item is (steps, times, values); other ranks
+    are interpolated there (their decimated points need not share steps)."""
+    import numpy as np
+
+    steps0, times0, vals0 = series[0]
+    if not steps0:
+        return [], [], []
+    grid = np.asarray(steps0, dtype=float)
+    acc = np.asarray(vals0, dtype=float).copy()
+    n = np.ones_like(acc)
+    for steps, _, vals in series[1:]:
+        if not steps:
+            continue
+        xs = np.asarray(steps, dtype=float)
+        inside = (grid >= xs[0]) & (grid <= xs[-1])  # no extrapolation past a rank's data
+        acc[inside] += np.interp(grid[inside], xs, np.asarray(vals, dtype=float))
+        n[inside] += 1
+    return list(steps0), list(times0), (acc / n).tolist()
+
+
+class LivePlot(W.VBox):
+    """Live training curves of one run.
+
+    LivePlot(run) follows a launched Run (its `metrics` history and event stream). LivePlot()
+    without a run owns a history: feed it with `on_events(events)` and redraw with `tick()`;
+    LivePlot(history=h) draws a finished run's history once.
+    """
+
+    def __init__(self, run: Any = None, *, history: MetricHistory | None = None,
+                 max_points: int = 2000, x: str = "step", log_y: bool = False,
+                 smoothing: float = 0.0, max_hz: float = MAX_HZ,
+                 clock: Callable[[], float] = time.monotonic, height: int = 460,
+                 attach: bool = True) -> None:
+        import plotly.graph_objects as go
+        from plotly.subplots import make_subplots
+
+        if isinstance(max_points, bool) or not isinstance(max_points, int) or max_points < 4:
+            raise ValueError(f"LivePlot max_points: got {max_points!r}; expected an int >= 4")
+        if x not in ("step", "time"):
+            raise ValueError(f"LivePlot x: got {x!r}; accepted: 'step', 'time'")
+        if not 0.0 <= smoothing < 1.0:
+            raise ValueError(f"LivePlot smoothing: got {smoothing!r}; expected 0 <= smoothing < 1")
+        self.run = run
+        self.max_points = max_points
+        if history is not None:
+            self.history, self._owns_history = history, False
+        elif run is not None and isinstance(getattr(run, "metrics", None), MetricHistory):
+            self.history, self._owns_history = run.metrics, False  # the Run fills it before us
+        else:
+            self.history, self._owns_history = MetricHistory(capacity=2 * max_points), True
+        self._flusher = Flusher(self._redraw, max_hz, clock)
+        self._traces: dict[tuple[str, int], int] = {}
+        self.events = 0
+        self._final = False
+        self._attached = False
+
+        sub = make_subplots(rows=2, cols=3, specs=[[{"colspan": 3}, None, None], [{}, {}, {}]],
+                            row_heights=[0.64, 0.36], vertical_spacing=0.14,
+                            horizontal_spacing=0.07,
+                            subplot_titles=["loss"] + [f"{p[1]} (not reported)" for p in PANELS])
+        self.fig = go.FigureWidget(sub)
+        self.fig.update_layout(height=height, margin=dict(l=50, r=20, t=40, b=40),
+                               legend=dict(orientation="h", yanchor="bottom", y=1.04, x=1,
+                                           xanchor="right"),
+                               template="plotly_white", uirevision="gpu_lab")
+        self.fig.update_yaxes(rangemode="tozero", row=2)
+
+        self.x_toggle = W.ToggleButtons(options=[("step", "step"), ("wall time", "time")], value=x,
+                                        description="x", style={"button_width": "80px"},
+                                        tooltip="plot against the optimizer step or the wall clock")
+        self.ema_box = W.Checkbox(value=smoothing > 0, description="EMA smoothing", indent=False,
+                                  layout=W.Layout(width="130px"))
+        self.smoothing = W.FloatSlider(value=smoothing or 0.6, min=0.0, max=0.99, step=0.01,
+                                       readout_format=".2f", layout=W.Layout(width="200px"),
+                                       disabled=smoothing == 0)
+        self.log_box = W.Checkbox(value=log_y, description="log y", indent=False,
+                                  layout=W.Layout(width="80px"))
+        for w in (self.x_toggle, self.ema_box, self.smoothing, self.log_box):
+            w.observe(self._on_control, names="value")
+        controls = W.HBox([self.x_toggle, self.ema_box, self.smoothing, self.log_box],
+                          layout=W.Layout(align_items="center", flex_flow="row wrap"))
+        super().__init__([controls, self.fig])
+        if run is not None and attach:
+            self.attach()
+        self.flush()
+
+    # --- data in -----------------------------------------------------------------------------------
+    def attach(self) -> None:
+        """Follow the run: its events mark the plot dirty, the receiver's tick redraws."""
+        if self._attached or self.run is None:
+            return
+        from ..stream.receiver import get_receiver
+
+        self.run.subscribe(self.on_events)
+        get_receiver().add_tick(self.tick)
+        self._attached = True
+        if getattr(self.run, "status", None) in FINAL_STATUSES:
+            self._final = True
+
+    def detach(self) -> None:
+        if not self._attached:
+            return
+        from ..stream.receiver import get_receiver
+
+        unsub = getattr(self.run, "unsubscribe", None)
+        if unsub is not None:
+            unsub(self.on_events)
+        get_receiver().remove_tick(self.tick)
+        self._attached = False
+
+    def on_events(self, events: Iterable[dict]) -> None:
+        """Receive a batch of events (any thread). Cheap: no drawing happens here."""
+        for e in events:
+            self.events += 1
+            kind = e.get("kind")
+            if kind == ev.METRIC:
+                if self._owns_history:
+                    self.history.add(e["rank"], e.get("step"), e["t"], e["data"])
+                self._flusher.mark()
+            elif kind == ev.STATUS and e.get("data", {}).get("status") in FINAL_STATUSES:
+                self._final = True
+                self._flusher.mark()
+
+    def tick(self) -> None:
+        """Called by the receiver thread about every 0.25 s: redraw if due. After the run ended
+        and the last points are drawn, stop following it."""
+        if self._final and getattr(self.run, "status", "succeeded") not in FINAL_STATUSES:
+            return  # a status event ahead of Run._finish; wait for the handle to agree
+        self._flusher.maybe_flush()
+        if self._final and not self._flusher.dirty:
+            self.detach()
+
+    def flush(self) -> None:
+        """Redraw now (the kernel's main thread: construction and the toggles)."""
+        self._flusher.flush_now()
+
+    @property
+    def flushes(self) -> int:
+        return self._flusher.flushes
+
+    # --- drawing -----------------------------------------------------------------------------------
+    def _on_control(self, change: dict) -> None:
+        self.smoothing.disabled = not self.ema_box.value
+        self.flush()
+
+    def _wanted(self) -> list[tuple[str, int, str, tuple[int, int]]]:
+        """(trace key, rank, metric name, (row, col)) of every trace the data calls for."""
+        names = set(self.history.names())
+        ranks = self.history.ranks()
+        out = []
+        loss_ranks = [r for r in ranks if self.history.count(LOSS, r)] if LOSS in names else []
+        for r in loss_ranks:
+            out.append((LOSS, r, LOSS, (1, 1)))
+        if len(loss_ranks) >= 2:
+            out.append((LOSS, MEAN, LOSS, (1, 1)))
+        for col, (key, _title, aliases, per_rank) in enumerate(PANELS, start=1):
+            metric = next((a for a in aliases if a in names), None)
+            if metric is None:
+                continue
+            have = [r for r in ranks if self.history.count(metric, r)]
+            for r in have if per_rank else have[:1]:
+                out.append((key, r, metric, (2, col)))
+        return out
+
+    def _ensure_trace(self, key: str, rank: int, row_col: tuple[int, int]) -> int:
+        idx = self._traces.get((key, rank))
+        if idx is not None:
+            return idx
+        color = "#111111" if rank == MEAN else COLORS[rank % len(COLORS)]
+        name = "mean" if rank == MEAN else f"rank {rank}"
+        self.fig.add_scatter(x=[], y=[], mode="lines", name=name, legendgroup=name,
+                             showlegend=key == LOSS,
+                             line=dict(color=color, width=2.4 if rank == MEAN else 1.2),
+                             meta={"metric": key, "rank": rank}, row=row_col[0], col=row_col[1])
+        idx = self._traces[(key, rank)] = len(self.fig.data) - 1
+        return idx
+
+    def _points(self, metric: str, rank: int) -> tuple[list, list, list]:
+        steps, values = self.history.series(metric, rank)
+        times = self.history.times(metric, rank)
+        n = min(len(steps), len(times), len(values))  # a write may land between the two reads
+        return steps[:n], times[:n], values[:n]
+
+    def _redraw(self) -> None:
+        import numpy as np
+
+        use_time = self.x_toggle.value == "time"
+        weight = self.smoothing.value if self.ema_box.value else 0.0
+        wanted = self._wanted()
+        for key, rank, _metric, rc in wanted:  # new traces can't be added inside batch_update
+            self._ensure_trace(key, rank, rc)
+        data: dict[int, tuple[Any, Any]] = {}
+        loss_series = []
+        for key, rank, metric, _rc in wanted:
+            if rank == MEAN:
+                steps, times, values = mean_of_ranks(loss_series)
+            else:
+                steps, times, values = self._points(metric, rank)
+                if key == LOSS:
+                    loss_series.append((steps, times, values))
+            if key == LOSS and weight > 0:
+                values = ema(values, weight)
+            xs = [t * 1000.0 for t in times] if use_time else steps  # plotly dates: ms since epoch
+            xs, ys = decimate_minmax(xs, values, self.max_points) if len(xs) > self.max_points \
+                else (xs, values)
+            data[self._traces[(key, rank)]] = (np.asarray(xs, dtype=float),
+                                               np.asarray(ys, dtype=float))
+        reported = {k for k, *_ in wanted}
+        with self.fig.batch_update():
+            for idx, (xs, ys) in data.items():
+                self.fig.data[idx].x = xs
+                self.fig.data[idx].y = ys
+            for i, (key, title, _aliases, _per_rank) in enumerate(PANELS, start=1):
+                text = title if key in reported else f"{title} (not reported)"
+                if self.fig.layout.annotations[i].text != text:
+                    self.fig.layout.annotations[i].text = text
+            xtype = "date" if use_time else "linear"
+            for ax in ("xaxis", "xaxis2", "xaxis3", "xaxis4"):
+                if self.fig.layout[ax].type != xtype:
+                    self.fig.layout[ax].type = xtype
+            ytype = "log" if self.log_box.value else "linear"
+            if self.fig.layout.yaxis.type != ytype:
+                self.fig.layout.yaxis.type = ytype
+
+    # --- inspection --------------------------------------------------------------------------------
+    def trace_points(self, metric: str = LOSS, rank: int = 0) -> int:
+        """How many points the figure holds for one trace (rank=-1: the mean)."""
+        idx = self._traces.get((metric, rank))
+        if idx is None:
+            return 0
+        y = self.fig.data[idx].y
+        return 0 if y is None else len(y)
+
+    def close(self) -> None:
+        self.detach()
+        for w in (self.fig, self.x_toggle, self.ema_box, self.smoothing, self.log_box):
+            w.close()
+        super().close()
+
+    def __repr__(self) -> str:
+        run = getattr(self.run, "id", None)
+        return (f"LivePlot(run={run!r}, ranks={self.history.ranks()}, "
+                f"points={self.history.count(LOSS)}, x={self.x_toggle.value!r})")

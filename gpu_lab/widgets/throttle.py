@@ -1,0 +1,74 @@
+"""Flush throttling for views fed by background threads.
+
+Events arrive as fast as training reports them (thousands per second on a fast GPU with
+log_every=1); a browser redraws a plotly figure in tens of milliseconds. Views therefore only mark
+themselves dirty when data arrives and redraw at most `max_hz` times a second, from the thread that
+owns them (the receiver's tick, or the telemetry sampler). The clock is injectable so tests can
+prove the bound without sleeping.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+MAX_HZ = 4.0
+
+
+class Throttle:
+    """`due()` says True at most `max_hz` times per second of `clock` time."""
+
+    def __init__(self, max_hz: float = MAX_HZ, clock: Callable[[], float] = time.monotonic) -> None:
+        if isinstance(max_hz, bool) or not isinstance(max_hz, (int, float)) or max_hz <= 0:
+            raise ValueError(f"Throttle max_hz: got {max_hz!r}; expected a positive number")
+        self.min_interval = 1.0 / max_hz
+        self.clock = clock
+        self._last = float("-inf")
+        self.passed = 0
+
+    def due(self) -> bool:
+        now = self.clock()
+        if now - self._last >= self.min_interval:
+            self._last = now
+            self.passed += 1
+            return True
+        return False
+
+    def __repr__(self) -> str:
+        return f"Throttle(max_hz={1.0 / self.min_interval:g}, passed={self.passed})"
+
+
+class Flusher:
+    """Dirty flag + throttle + lock: `mark()` from any thread, `maybe_flush()` from the owning
+    thread, `flush_now()` from the kernel's main thread (a toggle was clicked).
+
+    `fn` does the actual redraw; calls never overlap.
+    """
+
+    def __init__(self, fn: Callable[[], None], max_hz: float = MAX_HZ,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._fn = fn
+        self.throttle = Throttle(max_hz, clock)
+        self._dirty = False
+        self._lock = threading.RLock()
+        self.flushes = 0
+
+    def mark(self) -> None:
+        self._dirty = True
+
+    @property
+    def dirty(self) -> bool:
+        return self._dirty
+
+    def maybe_flush(self) -> bool:
+        """Redraw if something changed and the throttle allows it; True if it redrew."""
+        if not self._dirty or not self.throttle.due():
+            return False
+        return self.flush_now()
+
+    def flush_now(self) -> bool:
+        with self._lock:
+            self._dirty = False
+            self.flushes += 1
+            self._fn()
+        return True

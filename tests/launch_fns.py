@@ -1,0 +1,79 @@
+"""Training functions the launch tests run on 2 gloo ranks (importable from a kernel too)."""
+from __future__ import annotations
+
+import os
+import time
+
+import gpu_lab
+
+
+def train_linear(steps: int = 10, sleep: float = 0.0):
+    """A tiny DDP run: returns distributed facts and every rank's parameters (gathered)."""
+    import torch
+
+    acc = gpu_lab.accelerator()
+    torch.manual_seed(1234 + acc.process_index)  # different init per rank: DDP must sync it
+    model = torch.nn.Linear(8, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    model, opt = acc.prepare(model, opt)
+    g = torch.Generator().manual_seed(acc.process_index)
+    for step in range(steps):
+        x = torch.randn(16, 8, generator=g)
+        loss = model(x).pow(2).mean()
+        acc.backward(loss)
+        opt.step()
+        opt.zero_grad()
+        gpu_lab.report(step, loss=loss.detach(), bad_fork=float(torch._C._cuda_isInBadFork()))
+        if sleep:
+            time.sleep(sleep)
+    flat = torch.cat([p.detach().reshape(-1) for p in acc.unwrap_model(model).parameters()])
+    every = acc.gather(flat.unsqueeze(0))
+    state = acc.state
+    return {"distributed_type": str(state.distributed_type.value),
+            "num_processes": state.num_processes, "params": every.tolist(),
+            "pid": os.getpid()}
+
+
+def train_forever(report_every: float = 0.05):
+    """Trains until stopped."""
+    import torch
+
+    acc = gpu_lab.accelerator()
+    model = acc.prepare(torch.nn.Linear(4, 1))
+    step = 0
+    while True:
+        loss = model(torch.randn(4, 4)).pow(2).mean()
+        acc.backward(loss)
+        gpu_lab.report(step, loss=loss.detach())
+        step += 1
+        time.sleep(report_every)
+
+
+def rank1_raises(steps_before: int = 3):
+    import torch
+
+    acc = gpu_lab.accelerator()
+    model = acc.prepare(torch.nn.Linear(4, 1))
+    for step in range(100):
+        if acc.process_index == 1 and step == steps_before:
+            raise ValueError("rank one broke on purpose at step 3")
+        loss = model(torch.randn(4, 4)).pow(2).mean()
+        acc.backward(loss)  # all-reduce: rank 0 then waits for rank 1 forever
+        gpu_lab.report(step, loss=loss.detach())
+    return "unreachable"
+
+
+def rank1_sigkilled():
+    import signal
+
+    import torch
+
+    acc = gpu_lab.accelerator()
+    model = acc.prepare(torch.nn.Linear(4, 1))
+    for step in range(1000):
+        if acc.process_index == 1 and step == 3:
+            os.kill(os.getpid(), signal.SIGKILL)
+        loss = model(torch.randn(4, 4)).pow(2).mean()
+        acc.backward(loss)
+        gpu_lab.report(step, loss=loss.detach())
+        time.sleep(0.01)

@@ -1,0 +1,158 @@
+"""gpu_lab.launch on 2 real gloo ranks, from the test process (the kernel test repeats the core
+of this from a real Jupyter kernel)."""
+from __future__ import annotations
+
+import socket
+import sys
+import types
+
+import pytest
+
+import gpu_lab
+from gpu_lab.launch import PreflightError, free_port
+from gpu_lab.launch.checks import port_in_use
+from gpu_lab.launch.testing import fake_cuda_state
+from gpu_lab.registry import Registry
+
+import launch_fns
+from proc_utils import alive, tree, wait_until
+
+
+def test_two_ranks_form_a_group_and_return_rank0_value():
+    run = gpu_lab.launch(launch_fns.train_linear, 8, num_processes=2, name="linear")
+    assert run.status in ("pending", "running")  # returned before the training ended
+    assert run.wait(120) == "succeeded", run.logs(None) + run.logs(0) + run.logs(1)
+    res = run.result()
+    assert res["distributed_type"] == "MULTI_CPU"
+    assert res["num_processes"] == 2
+    p0, p1 = res["params"]
+    assert p0 == pytest.approx(p1, abs=1e-7), "DDP ranks ended with different parameters"
+    assert run.metrics.ranks() == [0, 1]
+    for rank in (0, 1):
+        steps, losses = run.metrics.series("loss", rank)
+        assert steps == list(range(8))
+        _, bad = run.metrics.series("bad_fork", rank)
+        assert bad and not any(bad), "a worker is in CUDA's bad-fork state"
+    row = Registry().get_run(run.id)
+    assert row["status"] == "succeeded"
+    assert {m["rank"] for m in Registry().metrics(run.id, "loss")} == {0, 1}
+    assert "linear" in repr(run) and "succeeded" in repr(run)
+
+
+def test_stop_ends_the_whole_tree_and_frees_the_port():
+    run = gpu_lab.launch(launch_fns.train_forever, num_processes=2)
+    wait_until(lambda: run.metrics.count("loss", 1) > 3, 60, what="rank 1 metrics")
+    procs = tree(run.pid)
+    assert len(procs) >= 3, procs  # supervisor + 2 workers
+    assert port_in_use(run.port)
+    assert run.stop() == "stopped"
+    wait_until(lambda: not alive(procs), 10, what="every process of the run to end")
+    assert not port_in_use(run.port)
+    assert Registry().get_run(run.id)["status"] == "stopped"
+
+
+def test_rank_exception_fails_the_run_with_its_traceback():
+    run = gpu_lab.launch(launch_fns.rank1_raises, num_processes=2)
+    assert run.wait(120) == "failed"
+    procs = tree(run.pid)
+    assert not alive(procs)
+    err = run.error
+    assert 1 in err.ranks
+    f = err[1]
+    assert f.type == "ValueError"
+    assert "rank one broke on purpose" in f.message
+    assert "rank1_raises" in f.traceback and "Traceback" in f.traceback
+    assert f.category == "user code"
+    assert "rank 1: ValueError" in str(err)
+    with pytest.raises(gpu_lab.launch.RunFailedError, match="rank one broke"):
+        run.result()
+    assert Registry().get_run(run.id)["status"] == "failed"
+
+
+def test_sigkilled_worker_fails_with_a_clear_message():
+    run = gpu_lab.launch(launch_fns.rank1_sigkilled, num_processes=2)
+    assert run.wait(120) == "failed"
+    err = run.error
+    f = err[1]
+    assert f.type == "SIGKILL"
+    assert "killed by SIGKILL" in f.message
+    assert f.category == "killed by a signal"
+    assert any("out-of-memory killer" in s for s in f.suggestions)
+    wait_until(lambda: not alive(tree(run.pid)), 10, what="no process left")
+
+
+def test_launch_works_while_29500_is_taken():
+    s = socket.socket()
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", 29500))
+        except OSError:
+            pass  # already held by something else: the point stands
+        s.listen()
+        run = gpu_lab.launch(launch_fns.train_linear, 2, num_processes=2)
+        assert run.port != 29500
+        assert run.wait(120) == "succeeded"
+    finally:
+        s.close()
+
+
+def test_free_port_is_bindable():
+    p = free_port()
+    assert not port_in_use(p)
+
+
+def test_preflight_refuses_an_accelerator_made_in_the_kernel():
+    from accelerate.state import AcceleratorState, PartialState
+
+    PartialState(cpu=True)
+    try:
+        with pytest.raises(PreflightError, match="inside the training function"):
+            gpu_lab.launch(launch_fns.train_linear, num_processes=2)
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+
+
+@pytest.mark.parametrize("state,needle", [
+    (dict(initialized=True), "CUDA is already initialised"),
+    (dict(bad_fork=True), "bad-fork"),
+])
+def test_preflight_refuses_cuda_in_the_kernel(state, needle):
+    # No GPU on this machine: a named test double stands in for torch's CUDA state.
+    with fake_cuda_state(**state) as probe:
+        with pytest.raises(PreflightError, match=needle) as ei:
+            gpu_lab.launch(launch_fns.train_linear, num_processes=2)
+    assert probe.calls == 1
+    assert "restart the kernel" in str(ei.value).lower() or "fresh kernel" in str(ei.value)
+
+
+def test_preflight_refuses_bitsandbytes(monkeypatch):
+    monkeypatch.setitem(sys.modules, "bitsandbytes", types.ModuleType("bitsandbytes"))
+    with pytest.raises(PreflightError, match="bitsandbytes"):
+        gpu_lab.launch(launch_fns.train_linear, num_processes=2)
+
+
+def test_logs_are_captured_per_rank():
+    def noisy():
+        import sys as _s
+
+        acc = gpu_lab.accelerator()
+        print(f"hello from rank {acc.process_index}")
+        print(f"warning from rank {acc.process_index}", file=_s.stderr)
+        return acc.process_index
+
+    run = gpu_lab.launch(noisy, num_processes=2)
+    assert run.wait(120) == "succeeded"
+    assert run.result() == 0
+    for r in (0, 1):
+        text = run.logs(r, tail=100)
+        assert f"hello from rank {r}" in text and f"warning from rank {r}" in text
+    assert "gpu_lab supervisor" in run.logs(None)
+
+
+def test_lost_run_is_marked(gpu_lab_home):
+    reg = Registry()
+    reg.create_run("ghost", name="ghost", status="running")
+    reg.update("ghost", pid=2**22 - 3, pid_started=1.0)  # no such process
+    assert reg.get_run("ghost")["status"] == "lost"
+    assert gpu_lab.runs()[0]["status"] == "lost"

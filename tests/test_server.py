@@ -1,0 +1,298 @@
+"""The Jupyter server extension, through a real Jupyter server (pytest-jupyter's jp_serverapp):
+authentication on every endpoint, XSRF, the shared sampler under websocket clients, the runs list,
+Stop on a real process, and the Prometheus exposition.
+
+pytest-jupyter's fixtures are imported into this module only (not registered as a global plugin):
+its autouse fixtures make a fresh event loop and a ServerApp cleanup for every test they apply to,
+which the rest of the suite does not want.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+import warnings
+
+import psutil
+import pytest
+import tornado.httpclient
+from prometheus_client.parser import text_string_to_metric_families
+from pytest_jupyter.jupyter_server import *  # noqa: F401,F403  (fixtures for this module only)
+
+from gpu_lab.registry import Registry
+from gpu_lab.telemetry import NVMLSampler, Sampler
+from gpu_lab.telemetry import sampler as sampler_mod
+from gpu_lab.telemetry.doubles import FakeNVML
+
+ENDPOINTS_GET = [
+    ("gpu-lab", "api", "info"),
+    ("gpu-lab", "api", "telemetry"),
+    ("gpu-lab", "api", "runs"),
+    ("gpu-lab", "api", "runs", "RUNID"),
+    ("gpu-lab", "metrics"),
+]
+
+
+@pytest.fixture
+def jp_server_config():
+    # only gpu_lab: no terminals, no lab; what we test is our extension
+    return {"ServerApp": {"jpserver_extensions": {"gpu_lab": True,
+                                                  "jupyter_server_terminals": False}}}
+
+
+@pytest.fixture
+def sampler(monkeypatch, gpu_lab_home):
+    """A fresh process-wide sampler for the server under test (real psutil, no GPU here)."""
+    s = Sampler(interval=0.25)
+    monkeypatch.setattr(sampler_mod, "_sampler", s)
+    monkeypatch.setattr(sampler_mod, "_sampler_pid", os.getpid())
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def run_loop(jp_asyncio_loop):
+    def run(aw, timeout=30):
+        return jp_asyncio_loop.run_until_complete(asyncio.wait_for(aw, timeout))
+    return run
+
+
+@pytest.fixture
+def live_run(gpu_lab_home):
+    """A registry run backed by a real process in its own session (what a supervisor is)."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                            start_new_session=True)
+    reg = Registry()
+    run_id = f"srv-{uuid.uuid4().hex[:8]}"
+    reg.create_run(run_id, name="server-test", num_processes=2, status="running",
+                   run_dir=str(gpu_lab_home / "runs" / run_id))
+    reg.update(run_id, pid=proc.pid, pgid=proc.pid, pid_started=psutil.Process(proc.pid).create_time())
+    reg.add_metrics([(run_id, 0, s, time.time() + s * 1e-3, "loss", 2.0 / (s + 1)) for s in range(50)])
+    yield run_id, proc
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(10)
+
+
+def _wait_for(cond, timeout=20.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def _read_until(run_loop, ws, kind: str, limit: int = 50) -> dict:
+    """The next websocket message of type `kind` (samples may arrive in between)."""
+    for _ in range(limit):
+        msg = json.loads(run_loop(ws.read_message()))
+        if msg["type"] == kind:
+            return msg
+    raise AssertionError(f"no {kind!r} message in {limit} messages")
+
+
+# --- authentication --------------------------------------------------------------------------------
+def test_every_endpoint_answers_403_without_token(jp_fetch, jp_ws_fetch, run_loop, sampler,
+                                                  live_run):
+    run_id, proc = live_run
+    for parts in ENDPOINTS_GET:
+        parts = tuple(run_id if p == "RUNID" else p for p in parts)
+        with pytest.raises(tornado.httpclient.HTTPClientError) as e:
+            run_loop(jp_fetch(*parts, headers={"Authorization": ""}))
+        assert e.value.code == 403, ("/".join(parts), e.value.code)
+        # a wrong token is no better than none
+        with pytest.raises(tornado.httpclient.HTTPClientError) as e:
+            run_loop(jp_fetch(*parts, headers={"Authorization": "token not-the-token"}))
+        assert e.value.code == 403, ("/".join(parts), e.value.code)
+    with pytest.raises(tornado.httpclient.HTTPClientError) as e:
+        run_loop(jp_fetch("gpu-lab", "api", "runs", run_id, "stop", method="POST", body=b"",
+                          headers={"Authorization": ""}))
+    assert e.value.code == 403
+    with pytest.raises(tornado.httpclient.HTTPClientError) as e:
+        run_loop(jp_ws_fetch("gpu-lab", "api", "telemetry", "ws", headers={"Authorization": ""}))
+    assert e.value.code == 403
+    # nothing was stopped, and the tokenless websocket never made the hub subscribe
+    assert proc.poll() is None
+    assert Registry().get_run(run_id)["status"] == "running"
+    assert sampler.stats["subscribers"] == 0
+
+
+def test_cross_origin_post_without_xsrf_is_refused(jp_fetch, jp_serverapp, jp_http_port,
+                                                   jp_base_url, run_loop, sampler, live_run):
+    run_id, proc = live_run
+    token = jp_serverapp.identity_provider.token
+    # log in the way a browser does (token in the URL): the server answers with a login cookie
+    r = run_loop(jp_fetch("gpu-lab", "api", "runs", params={"token": token},
+                          headers={"Authorization": ""}))
+    cookies = [v.split(";", 1)[0] for k, v in r.headers.get_all() if k.lower() == "set-cookie"]
+    login = [c for c in cookies if c.startswith("username-")]
+    assert login, cookies
+    cookie = "; ".join(login)
+    # the cookie alone authenticates a GET ...
+    r = run_loop(jp_fetch("gpu-lab", "api", "runs", headers={"Authorization": "", "Cookie": cookie}))
+    assert run_id in [x["id"] for x in json.loads(r.body)["runs"]]
+    # ... but a POST from another origin carrying that cookie and no XSRF token is refused
+    for origin in ("http://evil.example", None):
+        headers = {"Authorization": "", "Cookie": cookie}
+        if origin:
+            headers["Origin"] = origin
+        with pytest.raises(tornado.httpclient.HTTPClientError) as e:
+            run_loop(jp_fetch("gpu-lab", "api", "runs", run_id, "stop", method="POST", body=b"",
+                              headers=headers))
+        assert e.value.code in (403, 404), e.value.code  # 404: jupyter_server's origin check
+    assert proc.poll() is None, "a refused POST must not stop the run"
+    assert Registry().get_run(run_id)["status"] == "running"
+    # control: the same cookie with a matching XSRF cookie/header pair (what JupyterLab sends) works
+    r = run_loop(jp_fetch("gpu-lab", "api", "runs", run_id, "stop", method="POST", body=b"",
+                          headers={"Authorization": "", "Cookie": f"{cookie}; _xsrf=5eed",
+                                   "X-XSRFToken": "5eed"}))
+    assert json.loads(r.body)["status"] == "stopped"
+    assert proc.wait(20) is not None
+
+
+def test_no_auth_warning_with_unauthenticated_access_disallowed(jp_configurable_serverapp,
+                                                                 jp_server_config, sampler):
+    config = {"ServerApp": {**jp_server_config["ServerApp"],
+                            "allow_unauthenticated_access": False}}
+    from jupyter_server.utils import JupyterServerAuthWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        app = jp_configurable_serverapp(config=config)
+    assert app.allow_unauthenticated_access is False
+    assert "gpu_lab" in app.web_app.settings, "the extension did not load"
+    auth_warnings = [str(w.message) for w in caught
+                     if issubclass(w.category, JupyterServerAuthWarning)]
+    assert not auth_warnings, auth_warnings
+
+
+# --- telemetry -------------------------------------------------------------------------------------
+def test_telemetry_rest_returns_host_stats_and_history(jp_fetch, run_loop, sampler):
+    r = run_loop(jp_fetch("gpu-lab", "api", "telemetry", params={"n": 5}))
+    body = json.loads(r.body)
+    latest = body["latest"]
+    assert latest["gpus"] == []  # no GPU on this host
+    assert 0.0 <= latest["host"]["cpu_pct"] <= 100.0
+    assert latest["host"]["ram_total_mb"] > 0
+    assert body["min_interval"] == 0.25
+    assert len(body["history"]) >= 1
+    with pytest.raises(tornado.httpclient.HTTPClientError) as e:
+        run_loop(jp_fetch("gpu-lab", "api", "telemetry", params={"n": "lots"}))
+    assert e.value.code == 400 and b"query parameter n" in e.value.response.body
+
+
+def test_websocket_streams_one_sampler_for_many_clients(jp_ws_fetch, run_loop, sampler,
+                                                        jp_serverapp):
+    hub = jp_serverapp.web_app.settings["gpu_lab"].hub
+    clients = [run_loop(jp_ws_fetch("gpu-lab", "api", "telemetry", "ws")) for _ in range(3)]
+    for ws in clients:
+        first = json.loads(run_loop(ws.read_message()))
+        assert first["type"] == "snapshot"
+    _wait_for(lambda: hub.subscribed, what="hub subscription")
+    assert sampler.stats["subscribers"] == 1, "three clients must share one subscription"
+    assert sampler.stats["threads_started"] == 1
+    # a client asking for 100 Hz is clamped to 4 Hz; the sampler follows the fastest client
+    clients[0].write_message(json.dumps({"interval": 0.01}))
+    assert _read_until(run_loop, clients[0], "interval") == {"type": "interval", "interval": 0.25}
+    assert sampler.interval == 0.25
+    clients[1].write_message("not json")
+    assert "interval" in _read_until(run_loop, clients[1], "error")["error"]
+    for ws in clients:
+        assert _read_until(run_loop, ws, "sample")["sample"]["host"]["ram_total_mb"] > 0
+    for ws in clients:
+        ws.close()
+    deadline = time.monotonic() + 20
+    while hub.subscribed and time.monotonic() < deadline:
+        run_loop(asyncio.sleep(0.05))  # let the server's IOLoop see the closes
+    assert not hub.subscribed
+    _wait_for(lambda: not sampler.running, what="sampler thread to stop")
+    assert sampler.stats["subscribers"] == 0
+
+
+# --- runs ------------------------------------------------------------------------------------------
+def test_runs_list_detail_and_stop_a_real_process(jp_fetch, run_loop, sampler, live_run):
+    run_id, proc = live_run
+    runs = json.loads(run_loop(jp_fetch("gpu-lab", "api", "runs")).body)["runs"]
+    mine = next(r for r in runs if r["id"] == run_id)
+    assert mine["status"] == "running"
+    assert mine["last_step"] == 49
+    assert mine["last_loss"] == pytest.approx(2.0 / 50)
+    detail = json.loads(run_loop(jp_fetch("gpu-lab", "api", "runs", run_id,
+                                          params={"points": 10})).body)
+    assert detail["metrics"]["loss"]["step"][0] == 0
+    assert detail["metrics"]["loss"]["step"][-1] == 49
+    assert len(detail["metrics"]["loss"]["value"]) <= 10
+
+    r = run_loop(jp_fetch("gpu-lab", "api", "runs", run_id, "stop", method="POST", body=b""))
+    assert json.loads(r.body)["status"] == "stopped"
+    assert proc.wait(20) is not None  # the process group got the signal
+    assert Registry().get_run(run_id)["status"] == "stopped"
+    runs = json.loads(run_loop(jp_fetch("gpu-lab", "api", "runs")).body)["runs"]
+    assert next(r for r in runs if r["id"] == run_id)["status"] == "stopped"
+
+    for parts, method in ((("gpu-lab", "api", "runs", "no-such-run", "stop"), "POST"),
+                          (("gpu-lab", "api", "runs", "no-such-run"), "GET")):
+        with pytest.raises(tornado.httpclient.HTTPClientError) as e:
+            run_loop(jp_fetch(*parts, method=method, body=b"" if method == "POST" else None))
+        assert e.value.code == 404
+        assert b"no-such-run" in e.value.response.body
+
+
+# --- prometheus ------------------------------------------------------------------------------------
+def _families(body: bytes) -> dict:
+    return {f.name: f for f in text_string_to_metric_families(body.decode())}
+
+
+def test_prometheus_exposition_host_and_runs(jp_fetch, run_loop, sampler, live_run):
+    run_id, _ = live_run
+    r = run_loop(jp_fetch("gpu-lab", "metrics"))
+    assert r.headers["Content-Type"].startswith("text/plain")
+    fams = _families(r.body)
+    cpu = fams["gpu_lab_host_cpu_percent"].samples[0].value
+    assert 0.0 <= cpu <= 100.0
+    assert fams["gpu_lab_host_memory_total_bytes"].samples[0].value > 0
+    assert fams["gpu_lab_gpus"].samples[0].value == 0
+    running = [s for s in fams["gpu_lab_runs"].samples if s.labels["status"] == "running"]
+    assert running[0].value >= 1
+    loss = {s.labels["run_id"]: s.value for s in fams["gpu_lab_run_last_loss"].samples}
+    assert loss[run_id] == pytest.approx(2.0 / 50)
+    step = {s.labels["run_id"]: s.value for s in fams["gpu_lab_run_last_step"].samples}
+    assert step[run_id] == 49
+
+
+def test_prometheus_exposition_gpus_with_nvml_double(jp_fetch, run_loop, monkeypatch,
+                                                     gpu_lab_home):
+    # No GPU on CI: the NVML path is fed by FakeNVML, a named test double (two fake H100s).
+    s = Sampler(interval=0.25, gpu=NVMLSampler(nvml=FakeNVML(2), visible=None))
+    monkeypatch.setattr(sampler_mod, "_sampler", s)
+    monkeypatch.setattr(sampler_mod, "_sampler_pid", os.getpid())
+    try:
+        fams = _families(run_loop(jp_fetch("gpu-lab", "metrics")).body)
+        util = fams["gpu_lab_gpu_utilization_percent"].samples
+        assert sorted(x.labels["gpu"] for x in util) == ["0", "1"]
+        assert all(x.value == 85 for x in util)
+        mem = fams["gpu_lab_gpu_memory_used_bytes"].samples
+        assert all(x.value == 20 * 1024**3 for x in mem)
+        assert fams["gpu_lab_gpus"].samples[0].value == 2
+        nvml_calls = [x for x in fams["gpu_lab_telemetry_sampler_calls"].samples
+                      if x.labels["kind"] == "nvml"]
+        assert nvml_calls[0].value > 0
+        # the same sample over REST, in the sampler's own field names
+        body = json.loads(run_loop(jp_fetch("gpu-lab", "api", "telemetry")).body)
+        assert [g["util_gpu"] for g in body["latest"]["gpus"]] == [85.0, 85.0]
+    finally:
+        s.close()
+
+
+def test_info_finds_the_tutorials_index(jp_fetch, run_loop, sampler, jp_root_dir):
+    body = json.loads(run_loop(jp_fetch("gpu-lab", "api", "info")).body)
+    assert body["tutorials_index"] is None and body["gpu_count"] == 0
+    (jp_root_dir / "notebooks").mkdir()
+    (jp_root_dir / "notebooks" / "00_overview.ipynb").write_text("{}")
+    body = json.loads(run_loop(jp_fetch("gpu-lab", "api", "info")).body)
+    assert body["tutorials_index"] == "notebooks/00_overview.ipynb"

@@ -1,0 +1,364 @@
+"""Widgets: decimation, throttling, bounded memory, the LivePlot / GPUPanel / LaunchPanel /
+Dashboard views (in this process; the real-kernel path is tests/test_dashboard_notebook.py)."""
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import pytest
+
+from gpu_lab.config import TrainConfig
+from gpu_lab.registry import Registry
+from gpu_lab.stream.history import MetricHistory, decimate_minmax
+from gpu_lab.telemetry import NVMLSampler, Sampler
+from gpu_lab.telemetry.doubles import FakeGPU, FakeNVML
+from gpu_lab.widgets import Dashboard, GPUPanel, LaunchPanel, LivePlot, Throttle
+from gpu_lab.widgets.liveplot import MEAN, ema, mean_of_ranks
+
+
+class Clock:
+    def __init__(self, t: float = 0.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def wait_for(pred, timeout=10.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def metric(rank, step, t=None, run="r", **data):
+    return {"run": run, "rank": rank, "kind": "metric", "t": 1e9 + step if t is None else t,
+            "step": step, "data": data}
+
+
+class RunDouble:
+    """A stand-in for gpu_lab.launch.Run with the same view-facing surface: it fills its
+    MetricHistory, then calls subscribers, as Run._on_events does."""
+
+    def __init__(self, run_id="run-double", num_processes=2, status="running"):
+        self.id, self.name, self.status = run_id, "double", status
+        self.num_processes, self.device, self.pid, self.dropped = num_processes, "cpu", None, 0
+        self.metrics = MetricHistory()
+        self.error = None
+        self.checkpoints = 0
+        self.stopped = threading.Event()
+        self._subs = []
+
+    def subscribe(self, fn):
+        self._subs.append(fn)
+
+    def unsubscribe(self, fn):
+        self._subs.remove(fn)
+
+    def emit(self, events):
+        for e in events:
+            if e["kind"] == "metric":
+                self.metrics.add(e["rank"], e["step"], e["t"], e["data"])
+        for fn in list(self._subs):
+            fn(events)
+
+    def finish(self, status="succeeded"):
+        self.status = status
+        self.emit([{"run": self.id, "rank": -1, "kind": "status", "t": time.time(), "step": None,
+                    "data": {"status": status}}])
+
+    def logs(self, rank=0, tail=50):
+        return f"log of rank {rank}"
+
+    def request_checkpoint(self):
+        self.checkpoints += 1
+
+    def stop(self):
+        self.stopped.set()
+        self.finish("stopped")
+        return "stopped"
+
+
+# --- decimation --------------------------------------------------------------------------------
+def test_decimation_is_bounded_and_keeps_spikes():
+    rnd = random.Random(0)
+    n = 1_000_000
+    x = list(range(n))
+    y = [rnd.gauss(0, 1) for _ in range(n)]
+    spikes_up, spikes_down = rnd.sample(range(1, n - 1), 5), rnd.sample(range(1, n - 1), 3)
+    for i in spikes_up:
+        y[i] = 1000.0
+    for i in spikes_down:
+        y[i] = -1000.0
+    dx, dy = decimate_minmax(x, y, 2000)
+    assert len(dx) == len(dy) <= 2000
+    assert dx == sorted(dx) and dx[0] == 0 and dx[-1] == n - 1
+    assert set(spikes_up) | set(spikes_down) <= set(dx)  # every spike survives
+    assert dy.count(1000.0) == 5 and dy.count(-1000.0) == 3
+
+
+def test_liveplot_memory_and_traces_bounded_over_a_million_steps():
+    clock = Clock()
+    p = LivePlot(clock=clock, max_points=2000)
+    spike_step = 777_777
+    batch = 50_000
+    for start in range(0, 1_000_000, batch):
+        p.on_events([metric(0, s, loss=50.0 if s == spike_step else 1.0 / (1 + s * 1e-4))
+                     for s in range(start, start + batch)])
+        clock.t += 1.0
+        p.tick()
+    y = p.fig.data[0].y
+    x = p.fig.data[0].x
+    assert p.history.count("loss") == 1_000_000
+    assert len(p.history.series("loss", 0)[0]) <= p.history.capacity  # bounded history
+    assert len(y) <= 2000 and len(x) == len(y)                         # bounded trace
+    assert max(y) == 50.0 and spike_step in set(x)                     # the spike is visible
+    assert x[-1] == 999_999
+
+
+# --- throttling --------------------------------------------------------------------------------
+def test_throttle_unit():
+    c = Clock()
+    t = Throttle(4, clock=c)
+    assert t.due() and not t.due()
+    c.t = 0.2
+    assert not t.due()
+    c.t = 0.25
+    assert t.due()
+    with pytest.raises(ValueError, match="max_hz: got 0"):
+        Throttle(0)
+
+
+def test_at_most_4_flushes_per_second_under_10k_events_per_second():
+    clock = Clock()
+    p = LivePlot(clock=clock)
+    batch_updates = 0
+    real = p.fig.batch_update
+
+    def counting():
+        nonlocal batch_updates
+        batch_updates += 1
+        return real()
+
+    p.fig.batch_update = counting
+    start_flushes = p.flushes  # the constructor draws once
+    seconds, per_ms = 10, 10  # 10 events every simulated millisecond = 10,000 events/s
+    step = 0
+    for _ in range(seconds * 1000):
+        p.on_events([metric(r, step, lr=0.1, loss=1.0) for r in (0, 1)] * (per_ms // 2))
+        step += 1
+        clock.t += 0.001
+        p.tick()  # ticking every ms: far more often than the receiver's 4 Hz
+    flushes = p.flushes - start_flushes
+    assert p.events == seconds * 10_000
+    assert 4 * seconds - 1 <= flushes <= 4 * seconds + 1
+    assert batch_updates == flushes  # exactly one batch_update per flush
+
+
+# --- LivePlot ----------------------------------------------------------------------------------
+def test_ema_and_mean_of_ranks():
+    assert ema([1.0, 1.0, 1.0], 0.9) == pytest.approx([1.0, 1.0, 1.0])  # debiased
+    assert ema([0.0, 10.0], 0.0) == [0.0, 10.0]
+    sm = ema([0.0] * 5 + [10.0] * 5, 0.5)
+    assert sm[5] < 10.0 and sm[-1] > 9.0
+    steps, _, vals = mean_of_ranks([([0, 1, 2], [0, 1, 2], [1.0, 1.0, 1.0]),
+                                    ([0, 2], [0, 2], [3.0, 5.0])])
+    assert steps == [0, 1, 2] and vals == pytest.approx([2.0, 2.5, 3.0])  # rank 1 interpolated
+
+
+def test_liveplot_traces_toggles_and_panels():
+    p = LivePlot()
+    titles = [a.text for a in p.fig.layout.annotations]
+    assert titles[1:] == ["samples/s (not reported)", "learning rate (not reported)",
+                          "data-wait fraction (not reported)"]
+    p.on_events([metric(r, s, t=1000.0 + s, loss=1.0 + 2 * r, samples_per_s=100.0 * (r + 1), lr=0.01)
+                 for s in range(10) for r in (0, 1)])
+    p.flush()
+    metas = [(t.meta["metric"], t.meta["rank"]) for t in p.fig.data]
+    assert metas == [("loss", 0), ("loss", 1), ("loss", MEAN), ("throughput", 0),
+                     ("throughput", 1), ("lr", 0)]  # lr: one trace, ranks agree
+    assert list(p.fig.data[2].y) == [2.0] * 10 and p.fig.data[2].name == "mean"
+    assert [a.text for a in p.fig.layout.annotations][1:] == [
+        "samples/s", "learning rate", "data-wait fraction (not reported)"]
+    p.log_box.value = True
+    assert p.fig.layout.yaxis.type == "log"
+    p.x_toggle.value = "time"
+    assert p.fig.layout.xaxis.type == "date" and p.fig.layout.xaxis3.type == "date"
+    assert list(p.fig.data[0].x[:2]) == [1000.0 * 1000, 1001.0 * 1000]  # ms since epoch
+    p.on_events([metric(0, 10, t=1010.0, loss=100.0), metric(1, 10, t=1010.0, loss=100.0)])
+    p.ema_box.value = True  # the toggle redraws at once
+    assert p.fig.data[0].y[-1] < 100.0 and not p.smoothing.disabled
+    assert "0x" not in repr(p) and repr(p) == "LivePlot(run=None, ranks=[0, 1], points=22, x='time')"
+
+
+def test_liveplot_follows_a_run_then_detaches():
+    from gpu_lab.stream.receiver import get_receiver
+
+    run = RunDouble()
+    p = LivePlot(run)
+    recv = get_receiver()
+    assert p.tick in recv._ticks and p.on_events in run._subs
+    run.emit([metric(r, s, loss=1.0) for s in range(30) for r in (0, 1)])
+    # the receiver thread's own tick redraws: no manual flush here
+    wait_for(lambda: p.trace_points("loss", 0) == 30 and p.trace_points("loss", 1) == 30,
+             what="the receiver's tick to draw both ranks")
+    run.emit([metric(0, 30, loss=0.5), metric(1, 30, loss=0.5)])
+    run.finish()
+    wait_for(lambda: p.tick not in recv._ticks, what="the plot to stop following the ended run")
+    assert p.trace_points("loss", 0) == 31 and p.on_events not in run._subs
+    p.close()
+
+
+# --- GPUPanel ----------------------------------------------------------------------------------
+def test_gpupanel_plots_gpus_and_highlights_thresholds():
+    fake = FakeNVML([FakeGPU(uuid="GPU-a", util_gpu=50), FakeGPU(uuid="GPU-b", mem_used=79 * 2**30)])
+    s = Sampler(interval=0.25, gpu=NVMLSampler(nvml=fake, visible=None))
+    p = GPUPanel(sampler=s)
+    wait_for(lambda: p.flushes >= 2, what="two telemetry redraws")
+    p.stop("test over")
+    assert not s.running or s.stats["subscribers"] == 0
+    gpu_metas = {(t.meta["metric"], t.meta["gpu"]) for t in p.gpu_fig.data if t.meta}
+    assert gpu_metas == {(m, g) for m in ("util_gpu", "mem_used_pct", "temperature_c", "power_w")
+                         for g in (0, 1)}
+    assert all(len(t.y) >= 2 for t in p.gpu_fig.data if t.meta)
+    table = p.table.value
+    rows = table.split("<tr>")[1:]
+    assert "background:#fff3cd'>50%" in rows[0]          # GPU 0: utilisation < 70%
+    assert "background:#f8d7da'>80896/81920 MiB (99%)" in rows[1]  # GPU 1: memory >= 95%
+    assert "background" not in rows[0].split("MiB")[0].split("50%")[1]
+    assert "<b>host</b>" in table and p.gpu_box.layout.display is None
+    assert "telemetry stopped: test over" in p.notice.value
+    s.close()
+
+
+def test_gpupanel_host_only():
+    s = Sampler(interval=0.25, gpu=NVMLSampler(nvml=FakeNVML(init_error="library")))
+    p = GPUPanel(sampler=s)
+    wait_for(lambda: p.flushes >= 2, what="two host-only redraws")
+    p.stop()
+    assert p.gpu_box.layout.display == "none" and len(p.gpu_fig.data) == 2  # only the threshold lines
+    assert "host metrics only" in p.notice.value
+    assert "<b>host</b> · CPU" in p.table.value and " GiB" in p.table.value
+    cpu = next(t for t in p.host_fig.data if t.meta["metric"] == "cpu_pct")
+    ram = next(t for t in p.host_fig.data if t.meta["metric"] == "ram_pct")
+    assert len(cpu.y) >= 2 and all(0 <= v <= 100 for v in cpu.y) and all(v > 0 for v in ram.y)
+    assert repr(p) == f"GPUPanel(gpus=0, samples={len(p.samples)}, listening=False)"
+    s.close()
+
+
+# --- LaunchPanel -------------------------------------------------------------------------------
+class LauncherDouble:
+    """Records what Launch asked gpu_lab.launch to do; returns a RunDouble."""
+
+    def __init__(self, fail: Exception | None = None):
+        self.calls, self.fail, self.run = [], fail, None
+
+    def __call__(self, fn, *args, **kw):
+        self.calls.append((fn, args, kw))
+        if self.fail:
+            raise self.fail
+        self.run = RunDouble(num_processes=kw["num_processes"])
+        return self.run
+
+
+def train_fn_double(config):
+    return {}
+
+
+def test_launchpanel_form_help_and_inline_validation():
+    p = LaunchPanel(train_fn=train_fn_double)
+    help_ = TrainConfig.field_help()
+    assert set(p.fields) == {n for n, i in help_.items() if i.get("form", True) is not False}
+    for name in ("num_processes", "mixed_precision", "model", "lr"):
+        assert help_[name]["help"][:30] in p.fields[name].help.value.replace("&#x27;", "'")
+    assert p.fields["mixed_precision"].input.options == ("no", "fp16", "bf16")
+    assert not p.errors and not p.launch_button.disabled
+    p.fields["batch_size"].input.value = "0"
+    p.fields["lr"].input.value = "fast"
+    assert "TrainConfig.batch_size: got 0" in p.fields["batch_size"].error.value
+    assert "TrainConfig.lr: got &#x27;fast&#x27;" in p.fields["lr"].error.value
+    assert p.fields["batch_size"].error.layout.display is None
+    assert p.fields["model"].error.layout.display == "none"
+    assert p.launch_button.disabled
+    p.fields["epochs"].input.value = ""  # with max_steps empty too: a cross-field problem
+    assert "both are empty" in p.fields["max_steps"].error.value
+    p.fields["batch_size"].input.value = "16"
+    p.fields["lr"].input.value = "3e-4"
+    p.fields["max_steps"].input.value = "12"
+    assert not p.errors and not p.launch_button.disabled
+    cfg = p.config
+    assert (cfg.batch_size, cfg.lr, cfg.max_steps, cfg.epochs) == (16, 3e-4, 12, None)
+    p.set_config(TrainConfig(num_processes=2, mixed_precision="bf16", max_steps=5))
+    assert p.config.num_processes == 2 and p.config.mixed_precision == "bf16"
+    assert repr(p) == "LaunchPanel(fields=%d, run=None, errors=[])" % len(p.fields)
+
+
+def test_launchpanel_launch_stop_checkpoint():
+    launcher = LauncherDouble()
+    cfg = TrainConfig(max_steps=7, num_processes=2, mixed_precision="bf16")
+    p = LaunchPanel(train_fn=train_fn_double, config=cfg, launcher=launcher,
+                    dashboard_kw={"telemetry": False})
+    p.launch_button.click()
+    (fn, args, kw), = launcher.calls
+    assert fn is train_fn_double and args == (cfg,) and kw == {
+        "config": cfg, "num_processes": 2, "mixed_precision": "bf16"}
+    assert p.run is launcher.run and p.dashboard is not None
+    assert p.run_box.children == (p.dashboard,)
+    assert p.launch_button.disabled and not p.stop_button.disabled  # clickable while it trains
+    p.checkpoint_button.click()
+    assert p.run.checkpoints == 1 and "checkpoint requested" in p.status.value
+    p.launch_button.click()
+    assert len(launcher.calls) == 1  # one active run at a time
+    p.stop_button.click()
+    assert p.run.stopped.wait(5)
+    wait_for(lambda: not p.launch_button.disabled, what="Launch to come back after the run ended")
+    assert p.stop_button.disabled and "stopped" in p.status.value
+    p.close()
+
+
+def test_launchpanel_shows_launch_errors():
+    from gpu_lab.launch import PreflightError
+
+    launcher = LauncherDouble(fail=PreflightError("CUDA was initialised in this kernel by torch.cuda"))
+    p = LaunchPanel(train_fn=train_fn_double, config=TrainConfig(max_steps=3), launcher=launcher)
+    p.launch_button.click()
+    assert "launch failed: PreflightError: CUDA was initialised" in p.status.value
+    assert p.run is None and not p.launch_button.disabled
+
+
+# --- Dashboard ---------------------------------------------------------------------------------
+def test_dashboard_of_a_finished_run_from_the_registry(gpu_lab_home):
+    reg = Registry()
+    reg.create_run("old-run", name="old", num_processes=2, status="running")
+    reg.add_metrics([("old-run", r, s, 1000.0 + s, "loss", 2.0 - s / 100) for s in range(50)
+                     for r in (0, 1)])
+    reg.set_status("old-run", "failed", error="rank 1: ValueError: boom [user code]")
+    d = Dashboard("old-run")
+    assert d.gpupanel is None  # no live GPUs to show for a run that ended
+    assert d.liveplot.trace_points("loss", 0) == 50 and d.liveplot.trace_points("loss", 1) == 50
+    assert d.liveplot.trace_points("loss", MEAN) == 50
+    assert "failed" in d.info.status_line.value and "boom" in d.info.error_box.value
+    assert repr(d) == "Dashboard(run='old-run', status='failed', telemetry=False)"
+    with pytest.raises(KeyError, match="no run with id 'nope'.*recent runs: old-run"):
+        Dashboard("nope")
+    with pytest.raises(TypeError, match="expected a Run"):
+        Dashboard(42)
+
+
+def test_dashboard_of_a_live_run_stops_telemetry_at_the_end():
+    from gpu_lab.telemetry import sampler as sampler_mod
+
+    run = RunDouble()
+    d = Dashboard(run)
+    assert d.gpupanel is not None and d.gpupanel.listening
+    shared = sampler_mod.get_sampler()
+    assert d.gpupanel.on_sample in shared._subs
+    run.emit([metric(r, s, loss=1.0) for s in range(5) for r in (0, 1)])
+    run.finish()
+    wait_for(lambda: not d.gpupanel.listening, what="telemetry to stop after the run")
+    wait_for(lambda: "succeeded" in d.info.status_line.value, what="the final status line")
+    assert d.gpupanel.on_sample not in shared._subs
+    d.close()
