@@ -1,0 +1,53 @@
+"""gpu_lab.launch from a plain Python script, and no orphans when the script exits early."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import psutil
+
+from proc_utils import alive, wait_until
+
+TESTS = Path(__file__).parent
+
+
+def _script(tmp_path: Path, body: str) -> Path:
+    p = tmp_path / "script.py"
+    p.write_text(f"import sys\nsys.path.insert(0, {str(TESTS)!r})\n" + textwrap.dedent(body))
+    return p
+
+
+def test_launch_from_a_script(tmp_path):
+    p = _script(tmp_path, """
+        import gpu_lab, launch_fns
+        if __name__ == "__main__":
+            run = gpu_lab.launch(launch_fns.train_linear, 3, num_processes=2)
+            print("status", run.wait(120), run.result()["distributed_type"])
+    """)
+    out = subprocess.run([sys.executable, str(p)], capture_output=True, text=True, timeout=180)
+    assert "status succeeded MULTI_CPU" in out.stdout, out.stdout + out.stderr
+
+
+def test_script_that_exits_early_leaves_no_orphans(tmp_path):
+    p = _script(tmp_path, """
+        import gpu_lab, launch_fns
+        from proc_utils import wait_until, tree
+        run = gpu_lab.launch(launch_fns.train_forever, num_processes=2)
+        wait_until(lambda: run.metrics.count("loss", 1) > 2, 90, what="training")
+        print("PIDS", " ".join(str(p.pid) for p in tree(run.pid)), flush=True)
+        # the script ends here without waiting: atexit must stop the run
+    """)
+    out = subprocess.run([sys.executable, str(p)], capture_output=True, text=True, timeout=180)
+    line = [ln for ln in out.stdout.splitlines() if ln.startswith("PIDS")]
+    assert line, out.stdout + out.stderr
+    pids = [int(x) for x in line[0].split()[1:]]
+    assert len(pids) >= 3
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    wait_until(lambda: not alive(procs), 10, what="no orphan processes")
