@@ -30,12 +30,17 @@ _API = {
     "GPUPanel": "gpu_lab.widgets",
 }
 
+_SUBMODULES = ("config", "registry", "stream", "telemetry", "train", "data", "diagnostics",
+               "export", "widgets", "models", "tutorial")
+
 __all__ = sorted(_API) + ["__version__"]
 
 
 def __getattr__(name: str) -> Any:
     mod = _API.get(name)
     if mod is None:
+        if name in _SUBMODULES:
+            return import_module(f"gpu_lab.{name}")
         raise AttributeError(f"module 'gpu_lab' has no attribute {name!r}")
     module = import_module(mod)
     # gpu_lab.launch is a callable package (see gpu_lab/launch/__init__.py)

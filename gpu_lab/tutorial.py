@@ -1,0 +1,87 @@
+"""Small helpers the tutorial notebooks share: quick vs full mode, claim-vs-measured tables.
+
+Quick mode runs every notebook in about a minute on a CPU laptop; full mode uses the model sizes of
+the seed articles and needs a GPU server.
+"""
+from __future__ import annotations
+
+import html
+import os
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+
+def quick() -> bool:
+    """True without a GPU (NVML's count) or with GPU_LAB_QUICK=1; GPU_LAB_QUICK=0 forces full."""
+    flag = os.environ.get("GPU_LAB_QUICK")
+    if flag is not None and flag.strip() != "":
+        return flag.strip() not in ("0", "false", "no")
+    from .telemetry_probe import gpu_count
+
+    return gpu_count() == 0
+
+
+def mode() -> str:
+    return "quick" if quick() else "full"
+
+
+@dataclass
+class Claim:
+    """One number an article claims, next to what this machine measured."""
+
+    what: str
+    claimed: str
+    measured: str
+    source: str = ""
+    verdict: str = ""
+
+
+class ClaimTable:
+    """Renders claims and measurements side by side (HTML in a notebook, text elsewhere)."""
+
+    def __init__(self, rows: Iterable[Claim | tuple | dict]) -> None:
+        self.rows = [r if isinstance(r, Claim) else Claim(**r) if isinstance(r, dict) else Claim(*r)
+                     for r in rows]
+
+    def __str__(self) -> str:
+        cols = ("what", "claimed", "measured", "verdict", "source")
+        data = [[getattr(r, c) for c in cols] for r in self.rows]
+        width = [max(len(c), *(len(str(d[i])) for d in data)) if data else len(c)
+                 for i, c in enumerate(cols)]
+        line = lambda vals: "  ".join(str(v).ljust(w) for v, w in zip(vals, width))  # noqa: E731
+        return "\n".join([line(cols)] + [line(d) for d in data])
+
+    def _repr_html_(self) -> str:
+        head = "".join(f"<th>{c}</th>" for c in ("What", "Article claims", "Measured here",
+                                                  "Verdict", "Source"))
+        body = "".join(
+            "<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in
+                             (r.what, r.claimed, r.measured, r.verdict, r.source)) + "</tr>"
+            for r in self.rows)
+        return f"<table><tr>{head}</tr>{body}</table>"
+
+    def __repr__(self) -> str:
+        return f"ClaimTable({len(self.rows)} rows)"
+
+
+def verdict(measured: float, claimed: float, tolerance: float = 0.25,
+            higher_is_better: bool = True) -> str:
+    """'holds' / 'does not hold here' / 'exceeds' for a measured ratio against a claimed one."""
+    if claimed == 0:
+        return "n/a"
+    rel = measured / claimed
+    if abs(rel - 1) <= tolerance:
+        return "holds"
+    better = rel > 1 if higher_is_better else rel < 1
+    return "exceeds the claim" if better else "does not hold here"
+
+
+def show(obj: Any) -> Any:
+    """Display in a notebook if IPython is there, else print."""
+    try:
+        from IPython.display import display
+
+        display(obj)
+    except ImportError:
+        print(obj)
+    return None

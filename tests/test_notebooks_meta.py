@@ -1,0 +1,47 @@
+"""The tutorials as files: stored stripped, each names its seed section, ends with what to try,
+and the README links every one of them."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+EXPECTED = ["00_overview", "01_environment_setup", "02_data_pipeline", "03_mixed_precision",
+            "04_distributed_training", "05_memory_optimization", "06_monitoring_profiling",
+            "07_tuning", "08_troubleshooting", "09_cost_control", "10_scale_out"]
+
+
+def test_every_tutorial_exists():
+    assert [p.stem for p in NOTEBOOKS] == EXPECTED
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_stored_stripped(path):
+    nb = nbformat.read(path, as_version=4)
+    assert "widgets" not in nb.metadata, "widget state is stored: run notebooks/refresh.py"
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        if "NBVAL_CHECK_OUTPUT" in cell.source:
+            continue  # deterministic reference output, compared by nbval
+        assert not cell.outputs and cell.execution_count is None, (
+            f"{path.name} cell {i} stores output; run notebooks/refresh.py --strip-only")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_names_its_seed_sections_and_ends_with_what_to_try(path):
+    nb = nbformat.read(path, as_version=4)
+    text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    assert re.search(r"seed 00[03] §\d", text), f"{path.name} names no seed section"
+    last_md = [c for c in nb.cells if c.cell_type == "markdown"][-1].source
+    assert "What you learned" in last_md and "GPU" in last_md
+
+
+def test_readme_links_every_tutorial():
+    readme = (ROOT / "README.md").read_text()
+    for name in EXPECTED:
+        assert f"notebooks/{name}.ipynb" in readme, f"README does not link {name}"
