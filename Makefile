@@ -16,8 +16,15 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip wheel
 
-# Editable install with the test extra; re-run when the project's metadata changes.
-$(STAMP): $(PY) pyproject.toml
+# The JupyterLab extension's sources: the install's build hook (hatch-jupyter-builder) runs
+# `npm install` + `npm run build:prod` in extension/ when they are newer than gpu_lab/labextension.
+EXT_SRC := extension/package.json extension/package-lock.json $(wildcard extension/src/*.ts extension/src/style/*)
+
+# Editable install with the test extra; re-run when the project's metadata or the extension changes.
+$(STAMP): $(PY) pyproject.toml $(EXT_SRC)
+	@command -v npm >/dev/null || { echo "make: Node.js >= 20.19 with npm is needed to build the JupyterLab extension (extension/)"; exit 1; }
+	@# new npm dependencies: force the hook to rebuild (it compares extension/src only)
+	@if [ -n "$(filter extension/package%,$?)" ]; then rm -rf gpu_lab/labextension; fi
 	$(PIP) install -q -e '.[test]'
 	touch $(STAMP)
 
@@ -42,4 +49,5 @@ bench: install
 	for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info
+	rm -rf $(VENV) build dist *.egg-info gpu_lab/labextension extension/lib extension/node_modules \
+	  extension/tsconfig.tsbuildinfo

@@ -23,6 +23,7 @@ _API = {
     "runs": "gpu_lab.registry",
     "Registry": "gpu_lab.registry",
     "fit": "gpu_lab.train",
+    "train_classifier": "gpu_lab.train",
     "doctor": "gpu_lab.diagnostics",
     "Dashboard": "gpu_lab.widgets",
     "LaunchPanel": "gpu_lab.widgets",

@@ -1,7 +1,7 @@
 """Small training functions for the dashboard tests (importable from a kernel, too).
 
 `train_tiny(config)` has the signature of gpu_lab.train.train_classifier: it reads max_steps,
-batch_size and lr from a TrainConfig and reports loss, lr, samples_per_s and data_wait every step,
+batch_size and lr from a TrainConfig and reports loss, lr, samples_per_s, data_wait and step_time every step,
 so the LivePlot's panels all fill. It trains a linear model: seconds, not minutes, on 2 CPU ranks.
 """
 from __future__ import annotations
@@ -31,9 +31,10 @@ def train_tiny(config, sleep: float = 0.0):
         opt.step()
         opt.zero_grad()
         t2 = time.perf_counter()
+        # the names and meanings gpu_lab's fit loop reports: global samples/s, seconds per step
         gpu_lab.report(step, loss=loss.detach(), lr=config.lr,
-                       samples_per_s=config.batch_size / max(t2 - t0, 1e-9),
-                       data_wait=(t1 - t0) / max(t2 - t0, 1e-9))
+                       samples_per_s=config.batch_size * acc.num_processes / max(t2 - t0, 1e-9),
+                       data_wait=t1 - t0, step_time=t2 - t0)
         if sleep:
             time.sleep(sleep)
     print(f"rank {acc.process_index}: done after {steps} steps", flush=True)

@@ -44,6 +44,7 @@ class Lab:
     proc: subprocess.Popen
     log: Path
     gpu_lab_home: Path
+    root_dir: Path
 
     def get(self, path: str, timeout: float = 30.0) -> tuple[int, bytes, dict]:
         req = urllib.request.Request(self.url + path.lstrip("/"),
@@ -132,7 +133,7 @@ def jupyter_lab(tmp: Path, root_dir: Path, *, argv: Sequence[str] | None = None,
     with open(log, "wb") as fh:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=isolated_env(tmp, home, env), stdout=fh,
                                 stderr=subprocess.STDOUT, start_new_session=True)
-    lab = Lab(f"http://127.0.0.1:{port}/", token, proc, log, home)
+    lab = Lab(f"http://127.0.0.1:{port}/", token, proc, log, home, Path(root_dir))
     try:
         wait_ready(lab)
         yield lab

@@ -27,6 +27,7 @@ from gpu_lab.registry import Registry
 from gpu_lab.telemetry import NVMLSampler, Sampler
 from gpu_lab.telemetry import sampler as sampler_mod
 from gpu_lab.telemetry.doubles import FakeNVML
+from gpu_lab.telemetry_probe import gpu_count
 
 ENDPOINTS_GET = [
     ("gpu-lab", "api", "info"),
@@ -296,3 +297,15 @@ def test_info_finds_the_tutorials_index(jp_fetch, run_loop, sampler, jp_root_dir
     (jp_root_dir / "notebooks" / "00_overview.ipynb").write_text("{}")
     body = json.loads(run_loop(jp_fetch("gpu-lab", "api", "info")).body)
     assert body["tutorials_index"] == "notebooks/00_overview.ipynb"
+
+
+@pytest.mark.skipif(gpu_count() == 0,
+                    reason="no GPU visible to NVML on this host; the NVML path is covered "
+                           "with FakeNVML in test_prometheus_exposition_gpus_with_nvml_double")
+def test_prometheus_exposition_real_gpus(jp_fetch, run_loop, sampler):
+    fams = _families(run_loop(jp_fetch("gpu-lab", "metrics")).body)
+    assert fams["gpu_lab_gpus"].samples[0].value == gpu_count()
+    total = fams["gpu_lab_gpu_memory_total_bytes"].samples
+    assert len(total) == gpu_count() and all(x.value > 0 for x in total)
+    util = fams["gpu_lab_gpu_utilization_percent"].samples
+    assert all(0 <= x.value <= 100 for x in util)

@@ -100,6 +100,18 @@ def test_decimation_is_bounded_and_keeps_spikes():
     assert dy.count(1000.0) == 5 and dy.count(-1000.0) == 3
 
 
+def test_numpy_decimation_matches_the_reference():
+    from gpu_lab.widgets.liveplot import decimate
+
+    rnd = random.Random(1)
+    for m, n in [(10, 4), (4001, 2000), (5000, 2000), (1234, 100), (7, 5), (3000, 7), (2001, 2000)]:
+        for trial in range(4):  # Gaussian noise, and small integers (many ties)
+            x = list(range(m))
+            y = [float(rnd.randint(0, 5)) if trial % 2 else rnd.gauss(0, 1) for _ in range(m)]
+            ref, got = decimate_minmax(x, y, n), decimate(x, y, n)
+            assert list(got[0]) == ref[0] and list(got[1]) == ref[1], (m, n, trial)
+
+
 def test_liveplot_memory_and_traces_bounded_over_a_million_steps():
     clock = Clock()
     p = LivePlot(clock=clock, max_points=2000)
@@ -130,6 +142,25 @@ def test_throttle_unit():
     assert t.due()
     with pytest.raises(ValueError, match="max_hz: got 0"):
         Throttle(0)
+
+
+def test_slow_redraws_wait_longer():
+    """max_share: a redraw that took d seconds makes the next wait d / max_share."""
+    from gpu_lab.widgets import Flusher
+
+    c = Clock()
+
+    def slow_redraw():
+        c.t += 0.05  # this redraw "takes" 50 ms
+
+    f = Flusher(slow_redraw, max_hz=4, clock=c, max_share=0.02)
+    f.mark()
+    assert f.maybe_flush()
+    f.mark()
+    c.t += 2.0
+    assert not f.maybe_flush()  # 0.05 / 0.02 = 2.5 s after the end of the last redraw
+    c.t += 0.6
+    assert f.maybe_flush() and f.flushes == 2 and f.busy == pytest.approx(0.1)
 
 
 def test_at_most_4_flushes_per_second_under_10k_events_per_second():
@@ -183,11 +214,19 @@ def test_liveplot_traces_toggles_and_panels():
     assert list(p.fig.data[2].y) == [2.0] * 10 and p.fig.data[2].name == "mean"
     assert [a.text for a in p.fig.layout.annotations][1:] == [
         "samples/s", "learning rate", "data-wait fraction (not reported)"]
+    # the fit loop reports seconds waited and seconds per step: the panel shows their ratio
+    p.on_events([metric(0, s, t=1000.0 + s, data_wait=0.01 * s, step_time=0.1) for s in range(10)])
+    p.flush()
+    wait = next(t for t in p.fig.data if t.meta == {"metric": "data_wait", "rank": 0})
+    assert list(wait.y) == pytest.approx([0.1 * s for s in range(10)])
+    assert p.fig.layout.annotations[3].text == "data-wait fraction"
     p.log_box.value = True
     assert p.fig.layout.yaxis.type == "log"
     p.x_toggle.value = "time"
     assert p.fig.layout.xaxis.type == "date" and p.fig.layout.xaxis3.type == "date"
-    assert list(p.fig.data[0].x[:2]) == [1000.0 * 1000, 1001.0 * 1000]  # ms since epoch
+    import numpy as np
+
+    assert list(p.fig.data[0].x[:2]) == list(np.array([1_000_000, 1_001_000], "datetime64[ms]"))
     p.on_events([metric(0, 10, t=1010.0, loss=100.0), metric(1, 10, t=1010.0, loss=100.0)])
     p.ema_box.value = True  # the toggle redraws at once
     assert p.fig.data[0].y[-1] < 100.0 and not p.smoothing.disabled
@@ -239,13 +278,16 @@ def test_gpupanel_host_only():
     p = GPUPanel(sampler=s)
     wait_for(lambda: p.flushes >= 2, what="two host-only redraws")
     p.stop()
-    assert p.gpu_box.layout.display == "none" and len(p.gpu_fig.data) == 2  # only the threshold lines
+    assert p.gpu_box.layout.display == "none" and len(p.gpu_fig.data) == 0  # no GPU traces
     assert "host metrics only" in p.notice.value
     assert "<b>host</b> · CPU" in p.table.value and " GiB" in p.table.value
     cpu = next(t for t in p.host_fig.data if t.meta["metric"] == "cpu_pct")
     ram = next(t for t in p.host_fig.data if t.meta["metric"] == "ram_pct")
     assert len(cpu.y) >= 2 and all(0 <= v <= 100 for v in cpu.y) and all(v > 0 for v in ram.y)
     assert repr(p) == f"GPUPanel(gpus=0, samples={len(p.samples)}, listening=False)"
+    # layout and a first sample are in the widget's initial state (a view may render late)
+    assert p.host_fig._widget_layout["xaxis"]["type"] == "date"
+    assert len(p.host_fig._widget_data[0]["y"]) >= 1
     s.close()
 
 
@@ -284,7 +326,9 @@ def test_launchpanel_form_help_and_inline_validation():
     assert p.fields["model"].error.layout.display == "none"
     assert p.launch_button.disabled
     p.fields["epochs"].input.value = ""  # with max_steps empty too: a cross-field problem
-    assert "both are empty" in p.fields["max_steps"].error.value
+    cross = p.fields["max_steps"].error.value + p.fields["epochs"].error.value
+    assert "epochs" in cross and "max_steps" in cross  # shown inline where TrainConfig points
+    assert "TrainConfig.batch_size: got 0" in p.fields["batch_size"].error.value  # still there
     p.fields["batch_size"].input.value = "16"
     p.fields["lr"].input.value = "3e-4"
     p.fields["max_steps"].input.value = "12"
@@ -319,14 +363,15 @@ def test_launchpanel_launch_stop_checkpoint():
     p.close()
 
 
-def test_launchpanel_shows_launch_errors():
-    from gpu_lab.launch import PreflightError
+def test_launchpanel_shows_launch_errors(gpu_lab_home):
+    """The real gpu_lab.launch refuses a CUDA-poisoned kernel; the panel shows why and stays usable."""
+    from gpu_lab.launch.testing import fake_cuda_state
 
-    launcher = LauncherDouble(fail=PreflightError("CUDA was initialised in this kernel by torch.cuda"))
-    p = LaunchPanel(train_fn=train_fn_double, config=TrainConfig(max_steps=3), launcher=launcher)
-    p.launch_button.click()
-    assert "launch failed: PreflightError: CUDA was initialised" in p.status.value
-    assert p.run is None and not p.launch_button.disabled
+    p = LaunchPanel(train_fn=train_fn_double, config=TrainConfig(max_steps=3, num_processes=2))
+    with fake_cuda_state(initialized=True):
+        p.launch_button.click()
+    assert "launch failed: PreflightError:" in p.status.value and "CUDA" in p.status.value
+    assert p.run is None and not p.launch_button.disabled and p.stop_button.disabled
 
 
 # --- Dashboard ---------------------------------------------------------------------------------
@@ -340,6 +385,10 @@ def test_dashboard_of_a_finished_run_from_the_registry(gpu_lab_home):
     assert d.gpupanel is None  # no live GPUs to show for a run that ended
     assert d.liveplot.trace_points("loss", 0) == 50 and d.liveplot.trace_points("loss", 1) == 50
     assert d.liveplot.trace_points("loss", MEAN) == 50
+    # the points are in the widget's initial state, which a view rendered later starts from
+    initial = {(t["meta"]["metric"], t["meta"]["rank"]): len(t["y"])
+               for t in d.liveplot.fig._widget_data}
+    assert initial[("loss", 0)] == initial[("loss", 1)] == initial[("loss", MEAN)] == 50
     assert "failed" in d.info.status_line.value and "boom" in d.info.error_box.value
     assert repr(d) == "Dashboard(run='old-run', status='failed', telemetry=False)"
     with pytest.raises(KeyError, match="no run with id 'nope'.*recent runs: old-run"):

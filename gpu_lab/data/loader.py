@@ -15,7 +15,8 @@ Rules it enforces:
 - **No hangs under DDP:** without resampling, ranks get whole shards and so, in general, different
   numbers of batches; the rank that runs out stops calling all-reduce and the others wait forever.
   `resampled=True` draws shards with replacement and cuts every rank at the same number of batches
-  (`epoch_size` samples per epoch over all ranks), which is what a DDP training loop needs.
+  (`epoch_size` samples per epoch over all ranks; webdataset's `with_epoch`, applied per worker and
+  again per rank), which is what a DDP training loop needs.
 - **Too few shards:** without resampling, fewer shards than ranks x workers would leave some reader
   idle (and, under DDP, hang the others): that is an error with the numbers, before any worker starts.
 - **Errors name the shard:** by default (`handler="raise"`) the first unreadable shard or sample
@@ -366,7 +367,8 @@ def shard_loader(urls: str | list, batch_size: int, train: bool = True, image_si
         `epoch_size // (world_size * batch_size)` batches per epoch (`epoch_size` = samples per epoch
         over all ranks; default: the manifest's sample count). Use this for DDP training.
     handler: "raise" (default; ShardError names the shard), "warn" (log, skip, count in
-        `loader.stats`) or a webdataset-style callable `(exception) -> bool` (True = skip).
+        `loader.stats`) or a webdataset-style callable `(ShardError) -> bool`: True skips and
+        counts, False ends this worker's stream, raising re-raises.
     rank, world_size: default from RANK/WORLD_SIZE or torch.distributed.
     pin_memory: default True only when the launch uses GPUs (decided without touching CUDA).
     output: "float32" (normalised in the workers) or "uint8" (normalise on the GPU with

@@ -273,11 +273,13 @@ class _ShardFile:
             self.raw = _CountingFile(self.hashed)
         self.tar = tarfile.open(fileobj=self.raw, mode="w|")
         self.count = 0
+        self.size = 0  # tar bytes added so far (tarfile buffers, so self.raw.n lags behind)
 
     def add(self, name: str, data: bytes) -> None:
         info = tarfile.TarInfo(name)
         info.size, info.mode, info.mtime = len(data), 0o444, 0  # mtime 0: byte-identical reruns
         self.tar.addfile(info, io.BytesIO(data))
+        self.size += _tar_member_size(len(data))
 
     def close(self) -> ShardInfo:
         self.tar.close()
@@ -306,7 +308,8 @@ def write_shards(source: str | os.PathLike | Iterable, out_dir: str | os.PathLik
         iterable of samples: dicts `{'__key__'?, 'jpg'|'png'|'webp': bytes, 'cls': int, 'json'?}` or
         `(image bytes or path, label)` pairs.
     maxcount / maxsize: start a new shard before either would be exceeded (maxsize counts the
-        uncompressed tar bytes).
+        uncompressed tar bytes, end-of-archive marker included; tar then pads the file to a
+        multiple of its 10 KiB record size).
     compress: None or "zstd" (shards `*.tar.zst`; the loader reads both).
     shuffle: shuffle an ImageFolder's file order (with `seed`) before sharding, so that every shard
         holds every class; unshuffled, a shard holds one class and a shuffle buffer cannot mix them.
@@ -359,7 +362,7 @@ def write_shards(source: str | os.PathLike | Iterable, out_dir: str | os.PathLik
                 members.append((f"{s.key}.json", json.dumps(s.meta, sort_keys=True).encode()))
             size = sum(_tar_member_size(len(d)) for _, d in members)
             if current is not None and (current.count >= maxcount or
-                                        (current.count > 0 and current.raw.n + size > maxsize)):
+                                        (current.count > 0 and current.size + size + 1024 > maxsize)):
                 shards.append(current.close())
                 current = None
             if current is None:

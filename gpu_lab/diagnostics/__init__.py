@@ -1,1 +1,65 @@
-"""gpu_lab.diagnostics — see DESIGN.md; filled in by its issue."""
+"""gpu_lab.diagnostics: what is wrong with my setup and my run, and what should I do (seed 000 §4).
+
+    doctor()                                   environment report (NVML only: never initialises CUDA)
+    estimate_memory(model, image_size, batch_size, precision, optimizer)   fake-tensor dry run
+    advise(model, ...)                         which GPU classes fit, how many, what to switch on
+    allreduce_bench(sizes, num_processes)      nccl-tests-style algbw / busbw through gpu_lab.launch
+    io_bench(path) / DiskMonitor               sequential + random read MB/s and IOPS; live iostat
+    find_bottleneck(run)                       data / compute / communication, and the fix
+    StepTimer                                  the per-phase timing a training loop reports
+    memory_cap(bytes)                          an allocation cap (RLIMIT_AS) to provoke an OOM on CPU
+    oom_report / comm_report / data_report     the triage texts with the exact numbers
+    gpu_benchmark(...)                         ResNet-50 img/s in fp32 / TF32 / bf16, MFU
+
+Never imports widgets, plotly or jupyter; names are imported on first use (torch is not loaded by
+`import gpu_lab.diagnostics`).
+"""
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+_API = {
+    "doctor": "gpu_lab.diagnostics.doctor",
+    "DoctorReport": "gpu_lab.diagnostics.doctor",
+    "Finding": "gpu_lab.diagnostics.doctor",
+    "estimate_memory": "gpu_lab.diagnostics.advisor",
+    "measure_memory": "gpu_lab.diagnostics.advisor",
+    "advise": "gpu_lab.diagnostics.advisor",
+    "MemoryEstimate": "gpu_lab.diagnostics.advisor",
+    "Advice": "gpu_lab.diagnostics.advisor",
+    "GPU_CLASSES": "gpu_lab.diagnostics.hardware",
+    "GPUClass": "gpu_lab.diagnostics.hardware",
+    "allreduce_bench": "gpu_lab.diagnostics.allreduce",
+    "AllReduceResult": "gpu_lab.diagnostics.allreduce",
+    "parse_sizes": "gpu_lab.diagnostics.allreduce",
+    "io_bench": "gpu_lab.diagnostics.iobench",
+    "IOResult": "gpu_lab.diagnostics.iobench",
+    "DiskMonitor": "gpu_lab.diagnostics.iobench",
+    "find_bottleneck": "gpu_lab.diagnostics.bottleneck",
+    "Breakdown": "gpu_lab.diagnostics.bottleneck",
+    "SEED_CASE": "gpu_lab.diagnostics.bottleneck",
+    "breakdown_from_trace": "gpu_lab.diagnostics.bottleneck",
+    "StepTimer": "gpu_lab.diagnostics.timing",
+    "memory_cap": "gpu_lab.diagnostics.memcap",
+    "gpu_benchmark": "gpu_lab.diagnostics.gpubench",
+    "oom_report": "gpu_lab.launch.triage",
+    "comm_report": "gpu_lab.launch.triage",
+    "data_report": "gpu_lab.launch.triage",
+    "note": "gpu_lab.launch.triage",
+}
+
+__all__ = sorted(_API)
+
+
+def __getattr__(name: str) -> Any:
+    mod = _API.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'gpu_lab.diagnostics' has no attribute {name!r}")
+    value = getattr(import_module(mod), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

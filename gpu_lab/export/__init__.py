@@ -1,1 +1,63 @@
-"""gpu_lab.export — see DESIGN.md; filled in by its issue."""
+"""gpu_lab.export: from one TrainConfig and a `module:function`, what a cluster needs to run it.
+
+    from gpu_lab.export import export
+    jobs = export(cfg, "gpu_lab.train:train_classifier", num_nodes=2, nproc_per_node=8,
+                  out_dir="job/")
+    jobs["torchrun"].command      # the line to type on each node
+    jobs["slurm"].files           # {"train.sbatch": ..., "config.json": ...}
+    jobs["kubernetes"].explanation
+
+Targets: torchrun (one node, or several with a c10d rendezvous), accelerate (launch command +
+config YAML), slurm (sbatch script: srun, SIGUSR1 before the time limit, requeue on exit 143),
+kubernetes (Kubeflow PyTorchJob + ConfigMap). Every rank of every target runs
+`python -m gpu_lab.run_entry`, which records the run in the registry. Nothing here imports torch,
+widgets or jupyter.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from ..config import TrainConfig
+from .accelerate_launch import accelerate_config_yaml, accelerate_launch
+from .entry import EntryError, entry_of, parse_entry, resolve_entry
+from .job import Export, JobSpec, k8s_name, shell_join
+from .kubernetes import configmap_yaml, kubernetes, pytorchjob_yaml
+from .slurm import sbatch_script, slurm
+from .torchrun import torchrun, torchrun_argv
+
+EXPORTERS: dict[str, Callable[[JobSpec], Export]] = {
+    "torchrun": torchrun,
+    "accelerate": accelerate_launch,
+    "slurm": slurm,
+    "kubernetes": kubernetes,
+}
+TARGETS = tuple(EXPORTERS)
+
+
+def export(config: TrainConfig | dict | None, entry: str | Callable, target: str = "all",
+           out_dir: str | Path | None = None, **job: Any) -> Export | dict[str, Export]:
+    """Export `entry` (a 'module:function' or a module-level function) with `config`.
+
+    target: one of TARGETS, or "all" (a dict target -> Export). `job`: the JobSpec fields
+    (num_nodes, nproc_per_node, name, device, master_addr, port, rdzv_backend, image, shm_size,
+    time_limit, partition, account, cpus_per_task, env, config_path, check_import, ...).
+    With out_dir, every file (config.json included) is written there. All input is checked
+    before anything is written.
+    """
+    if target != "all" and target not in EXPORTERS:
+        raise ValueError(f"export: target: got {target!r}; accepted: 'all', "
+                         f"{', '.join(map(repr, TARGETS))}")
+    spec = JobSpec(entry=entry, config=config if config is not None else TrainConfig(), **job)
+    names = TARGETS if target == "all" else (target,)
+    out = {name: EXPORTERS[name](spec) for name in names}
+    if out_dir is not None:
+        for e in out.values():
+            e.write(out_dir)
+    return out if target == "all" else out[target]
+
+
+__all__ = ["export", "Export", "JobSpec", "EntryError", "TARGETS", "EXPORTERS", "torchrun",
+           "accelerate_launch", "slurm", "kubernetes", "torchrun_argv", "accelerate_config_yaml",
+           "sbatch_script", "pytorchjob_yaml", "configmap_yaml", "parse_entry", "resolve_entry",
+           "entry_of", "k8s_name", "shell_join"]

@@ -146,6 +146,10 @@ def supervise(spec: Spec) -> None:
             # N ranks × all cores each would oversubscribe the CPU (torchrun does the same)
             os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // spec.num_processes))
         os.environ.update(spec.env)
+        if "torch" in sys.modules and os.environ.get("OMP_NUM_THREADS", "").isdigit():
+            # torch read OMP_NUM_THREADS when the kernel imported it; the ranks fork from here
+            # and inherit this setting, so set it now or each rank runs all cores' threads
+            sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
         from ..registry import Registry
 
         reg = Registry(spec.registry_path)
@@ -160,11 +164,20 @@ def supervise(spec: Spec) -> None:
         monitor = RankMonitor(run_dir)
         monitor.start()
         try:
-            notebook_launcher(RankEntry(spec.fn, spec.run_dir), args=spec.args,
-                              num_processes=spec.num_processes,
-                              mixed_precision=spec.mixed_precision, use_port=str(spec.port),
-                              master_addr=spec.master_addr, node_rank=spec.node_rank,
-                              num_nodes=spec.num_nodes, rdzv_backend=spec.rdzv_backend)
+            if spec.num_nodes > 1:  # notebook_launcher does not rendezvous there: multinode.py
+                from .multinode import launch_nodes
+
+                launch_nodes(RankEntry(spec.fn, spec.run_dir), spec.args,
+                             num_processes=spec.num_processes, num_nodes=spec.num_nodes,
+                             node_rank=spec.node_rank, master_addr=spec.master_addr,
+                             port=spec.port, rdzv_backend=spec.rdzv_backend,
+                             mixed_precision=spec.mixed_precision)
+            else:
+                notebook_launcher(RankEntry(spec.fn, spec.run_dir), args=spec.args,
+                                  num_processes=spec.num_processes,
+                                  mixed_precision=spec.mixed_precision, use_port=str(spec.port),
+                                  master_addr=spec.master_addr, node_rank=spec.node_rank,
+                                  num_nodes=spec.num_nodes, rdzv_backend=spec.rdzv_backend)
             status, code = "succeeded", EXIT_OK
         except BaseException as exc:  # noqa: BLE001 - every outcome is recorded
             if (run_dir / "control" / "stop").exists() or _is_signal(exc):

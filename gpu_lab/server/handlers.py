@@ -164,7 +164,9 @@ class TelemetryWebSocket(WebSocketMixin, websocket.WebSocketHandler, JupyterHand
 
     def offer(self, message: str, now: float) -> None:
         """Called by the hub on the IOLoop for every new sample."""
-        if now - self._last_sent < self.interval - 1e-3:
+        # 10% slack: samples arrive with scheduling jitter, and a client whose interval equals the
+        # sampler's must get every sample, not every other one
+        if now - self._last_sent < 0.9 * self.interval:
             return
         if self._pending is not None and not self._pending.done():
             return  # the previous message has not left the socket: drop, don't queue

@@ -86,6 +86,11 @@ class GpuLabCollector(Collector):
                                       "Samples taken by the server's shared sampler")
         samples.add_metric([], float(stats["samples"]))
         yield samples
+        subs = GaugeMetricFamily("gpu_lab_telemetry_sampler_subscribers",
+                                 "Subscribers of the server's shared sampler (1 however many "
+                                 "browsers stream)")
+        subs.add_metric([], float(stats["subscribers"]))
+        yield subs
 
     def _runs(self) -> Iterator[Any]:
         from gpu_lab.registry import ACTIVE, STATUSES

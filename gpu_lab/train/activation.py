@@ -123,17 +123,20 @@ def is_enabled(model) -> bool:
 
 
 def activation_peak(model, inputs, targets=None, loss_fn: Callable | None = None) -> dict[str, float]:
-    """Measure one forward+backward of `model` on the CPU allocator: peak bytes allocated above
-    what was allocated before the forward (activations + gradients), and the wall time.
+    """Measure one forward+backward of `model` on the CPU allocator.
+
+    Returns `activation_bytes` (allocated at the end of the forward pass above what was allocated
+    before it: what autograd keeps for backward, the quantity checkpointing reduces),
+    `peak_bytes` (the peak over forward+backward, gradients included) and `wall_s`.
 
     CPU has no torch.cuda.max_memory_allocated; torch.profiler's memory events carry the
-    allocator's running "Total Allocated", which is what this reads (GPU runs: use
+    allocator's running "Total Allocated", which is what this reads (on a GPU, use
     torch.cuda.max_memory_allocated instead).
     """
     import time
 
     import torch
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity, profile, record_function
 
     loss_fn = loss_fn or torch.nn.functional.cross_entropy
     model.zero_grad(set_to_none=True)
@@ -141,7 +144,8 @@ def activation_peak(model, inputs, targets=None, loss_fn: Callable | None = None
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         out = model(inputs)
         loss = loss_fn(out, targets) if targets is not None else out.float().sum()
-        loss.backward()
+        with record_function("gpu_lab.backward"):
+            loss.backward()
         del out, loss
     wall = time.perf_counter() - t0
     fd, path = tempfile.mkstemp(suffix=".json")
@@ -152,12 +156,16 @@ def activation_peak(model, inputs, targets=None, loss_fn: Callable | None = None
             events = json.load(f)["traceEvents"]
     finally:
         os.unlink(path)
-    mem = [e["args"] for e in events if e.get("name") == "[memory]" and "Total Allocated" in e.get("args", {})]
-    if not mem:
-        return {"peak_bytes": math.nan, "wall_s": wall}
-    base = mem[0]["Total Allocated"] - mem[0]["Bytes"]  # allocated before the first event
-    peak = max(m["Total Allocated"] for m in mem)
-    return {"peak_bytes": float(peak - base), "wall_s": wall}
+    mem = sorted((e for e in events if e.get("name") == "[memory]"
+                  and "Total Allocated" in e.get("args", {})), key=lambda e: e["ts"])
+    marks = [e["ts"] for e in events if e.get("name") == "gpu_lab.backward" and e.get("ph") == "X"]
+    if not mem or not marks:
+        return {"activation_bytes": math.nan, "peak_bytes": math.nan, "wall_s": wall}
+    base = mem[0]["args"]["Total Allocated"] - mem[0]["args"]["Bytes"]  # before the first event
+    before_backward = [e["args"]["Total Allocated"] for e in mem if e["ts"] < marks[0]]
+    return {"activation_bytes": float((before_backward[-1] if before_backward else base) - base),
+            "peak_bytes": float(max(e["args"]["Total Allocated"] for e in mem) - base),
+            "wall_s": wall}
 
 
 __all__ = ["enable", "is_enabled", "activation_peak", "block_types"]

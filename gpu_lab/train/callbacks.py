@@ -53,13 +53,8 @@ class TrainState:
     metrics: dict = field(default_factory=dict)
     requests: set = field(default_factory=set)
 
-    @property
-    def is_main_process(self) -> bool:
-        return self.accelerator is None or self.accelerator.is_main_process
-
-    @property
-    def rank(self) -> int:
-        return 0 if self.accelerator is None else self.accelerator.process_index
+    is_main_process: bool = True  # rank 0 (set once by fit: accelerate's property is not free)
+    rank: int = 0
 
     def request(self, what: str) -> None:
         if what not in REQUESTS:

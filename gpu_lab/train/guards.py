@@ -67,6 +67,9 @@ class PreemptionGuard(Callback):
             return
         for s in self.signals:
             self._previous[s] = signal.signal(s, self._handler)
+            # restart interrupted system calls (a gloo/NCCL wait, a file read) instead of failing
+            # them with EINTR: the handler only sets a flag, nothing needs to be interrupted
+            signal.siginterrupt(s, False)
 
     def on_step_end(self, state: TrainState) -> None:
         if self.received is not None:
@@ -87,21 +90,30 @@ class PreemptionGuard(Callback):
 class ControlRequests(Callback):
     """The kernel's Run.request_checkpoint() / stop requests, read on rank 0 at step boundaries.
 
-    `control_requested` is a stat() of a file in the run directory (cheap enough for every step);
-    outside a gpu_lab launch there is no run directory and it returns False at once.
+    A request is a file in the run directory's control/ folder (see gpu_lab.launch.worker); looking
+    for it is one stat() per name and step. Outside a gpu_lab launch there is no run directory and
+    this does nothing. `poll(name, consume)` replaces the file check (tests, other launchers).
     """
 
     def __init__(self, poll: Callable[[str, bool], bool] | None = None) -> None:
-        if poll is None:
-            from ..launch.worker import control_requested as poll
         self.poll = poll
+        self._active = False
+
+    def on_fit_start(self, state: TrainState) -> None:
+        from ..launch.worker import control_dir, control_requested
+
+        # decided once: rank 0 of a launch (or a custom poll) looks; every other case costs nothing
+        self._active = state.is_main_process and (self.poll is not None or control_dir() is not None)
+        if self.poll is None:
+            self.poll = control_requested
 
     def on_step_end(self, state: TrainState) -> None:
-        if not state.is_main_process:
+        if not self._active:
             return
         if self.poll("checkpoint", True):
             state.request("checkpoint")
-        if self.poll("stop", True):
+        # not consumed: the supervisor reads the same file to report the run as "stopped"
+        if self.poll("stop", False):
             state.request("stop")
 
 

@@ -35,16 +35,14 @@ log = logging.getLogger(__name__)
 def make_accelerator(config, output_dir: Path):
     """The Accelerator for `config`, through gpu_lab.accelerator() (cpu=True on GPU-less hosts, so
     N workers form a gloo group instead of training N independent copies)."""
-    from accelerate.state import AcceleratorState
     from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration
 
     from ..launch.worker import accelerator as gpu_lab_accelerator
 
-    state = AcceleratorState._shared_state
-    if state and state.get("_mixed_precision") not in (None, config.mixed_precision):
-        # A second fit() in one process with another precision: accelerate keeps its state in a
-        # process-wide singleton and would refuse. The process group (PartialState) is kept.
-        AcceleratorState._reset_state(reset_partial_state=False)
+    # accelerate keeps precision and the torch.compile plugin in a process-wide singleton that a
+    # second Accelerator silently reuses (or refuses to change): each fit() starts from a clean one.
+    # The process group (PartialState) is kept.
+    release_accelerator_state()
     kw: dict[str, Any] = {
         "mixed_precision": config.mixed_precision,
         "gradient_accumulation_steps": config.grad_accum_steps,
@@ -58,6 +56,15 @@ def make_accelerator(config, output_dir: Path):
     if config.compile:
         kw["dynamo_backend"] = "inductor"
     return gpu_lab_accelerator(**kw)
+
+
+def release_accelerator_state() -> None:
+    """Forget accelerate's AcceleratorState singleton (not the process group). Also done when fit()
+    returns: notebook_launcher refuses to start when a previous Accelerator left its state behind."""
+    from accelerate.state import AcceleratorState
+
+    if AcceleratorState._shared_state:
+        AcceleratorState._reset_state(reset_partial_state=False)
 
 
 def powersgd_handler(total_steps: int):
@@ -75,9 +82,10 @@ def powersgd_handler(total_steps: int):
 
 
 def default_loss(outputs, targets):
-    import torch.nn.functional as F
+    """Cross-entropy (mean over the micro-batch; accelerate divides by the accumulation steps)."""
+    from torch.nn.functional import cross_entropy
 
-    return F.cross_entropy(outputs, targets)
+    return cross_entropy(outputs, targets)
 
 
 @dataclass
@@ -112,24 +120,34 @@ def fit(model, train_data, config, eval_data=None, callbacks: Iterable[Callback]
     num_processes, micro_batch_size, grad_accum_steps, global_batch, output_dir, profile_trace.
     Preemption raises Preempted (a SystemExit with code 143) after the checkpoint.
     """
-    import torch
-    from accelerate.utils import set_seed
-
     cfg = validate(config)
     t_start = time.perf_counter()
     out_dir = Path(cfg.output_dir).expanduser()
     out_dir.mkdir(parents=True, exist_ok=True)
     acc = make_accelerator(cfg, out_dir)
+    try:
+        return _fit(acc, model, train_data, cfg, eval_data, callbacks, loss_fn or default_loss,
+                    guards, out_dir, t_start)
+    finally:
+        _end_trackers(acc, cfg)
+        release_accelerator_state()
+
+
+def _fit(acc, model, train_data, cfg, eval_data, callbacks, loss_fn, guards, out_dir, t_start):
+    import torch
+    from accelerate.utils import set_seed
+
     set_seed(cfg.seed)
     world = acc.num_processes
     zero = cfg.zero and world > 1
     if cfg.zero and not zero:
         log.warning("zero=True ignored: one process has no optimizer state to shard with others")
-    loss_fn = loss_fn or default_loss
 
     # --- model, optimizer, data ------------------------------------------------------------------
     if cfg.activation_checkpointing:
         activation.enable(model)
+    # on the device before the optimizer exists: ZeRO sizes its buckets on the parameters' device
+    model = model.to(acc.device)
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
     optimizer = build_optimizer(model, cfg, zero=zero)
@@ -145,7 +163,9 @@ def fit(model, train_data, config, eval_data=None, callbacks: Iterable[Callback]
     total_steps = cfg.total_steps(spe)
     if cfg.powersgd and world > 1:
         acc.ddp_handler = powersgd_handler(total_steps)
-    model, optimizer = acc.prepare(model, optimizer)
+    # accelerate round-trips an optimizer's state_dict to place it on the device; a ZeRO optimizer
+    # only has a full state_dict after a consolidation (and its state is created on the device)
+    model, optimizer = acc.prepare(model, optimizer, device_placement=[True, not zero])
     eval_loader = None
     if eval_data is not None:
         eval_loader = acc.prepare(make_loader(eval_data, run.micro, shuffle=False,
@@ -156,7 +176,8 @@ def fit(model, train_data, config, eval_data=None, callbacks: Iterable[Callback]
     state = TrainState(config=cfg, accelerator=acc, model=model, optimizer=optimizer,
                        scheduler=scheduler, total_steps=total_steps, micro_batch_size=run.micro,
                        grad_accum_steps=run.accum, output_dir=out_dir,
-                       lr=scheduler.get_last_lr()[0])
+                       lr=scheduler.get_last_lr()[0], is_main_process=acc.is_main_process,
+                       rank=acc.process_index)
     extra: list[Callback] = default_guards(cfg) if guards else []
     if cfg.profile_steps:
         extra.append(ProfilerWindow(cfg.profile_steps))
@@ -213,14 +234,12 @@ def fit(model, train_data, config, eval_data=None, callbacks: Iterable[Callback]
         if run.last_saved_step != state.step:
             _save(acc, model, optimizer, scheduler, run, state, cbs, cfg, "final")
     except BaseException as exc:
-        if not isinstance(exc, Preempted):
+        if not isinstance(exc, Preempted):  # a preemption already ran on_fit_end
             cbs.call("on_exception", state, exc)
-        _end_trackers(acc, cfg)
         raise
 
     summary = _summary(acc, cfg, run, state, t_start, resumed_from, world)
     cbs.call("on_fit_end", state, summary)
-    _end_trackers(acc, cfg)
     return summary
 
 
@@ -252,7 +271,7 @@ def _train(acc, model, optimizer, scheduler, run: _Run, state: TrainState, cbs: 
         state.batch_in_epoch = skip
         if run.pending_rng is not None:
             # after the iterator exists: creating it must not shift the restored RNG streams
-            set_rng_state(run.pending_rng, acc.device.type)
+            set_rng_state(run.pending_rng, acc.device)
             run.pending_rng = None
         epoch_done = False
         while state.step < state.total_steps and not epoch_done:
@@ -354,10 +373,12 @@ def _act_on_requests(acc, model, optimizer, scheduler, run, state, cbs, cfg) -> 
         summary = {"steps": state.step, "checkpoint": str(state.last_checkpoint),
                    "stopped": "preempt"}
         cbs.call("on_fit_end", state, summary)
+        preempted = Preempted(state.step, str(state.last_checkpoint), signum)
         if acc.is_main_process:
-            get_reporter().log(f"preempted at step {state.step}: checkpoint {state.last_checkpoint}")
+            log.warning("%s", preempted)  # a SystemExit prints nothing by itself
+            get_reporter().log(str(preempted))
             get_reporter().flush(1.0)
-        raise Preempted(state.step, str(state.last_checkpoint), signum)
+        raise preempted
     if "stop" in agreed:
         run.stopped = "stop"
         return True

@@ -19,14 +19,14 @@ class TrainingOutOfMemoryError(RuntimeError):
 def is_oom(exc: BaseException) -> bool:
     """torch.OutOfMemoryError (CUDA) or the allocator's out-of-memory RuntimeError (CPU, MPS, …)."""
     import torch
-    from accelerate.utils import should_reduce_batch_size
+    from accelerate.utils.memory import should_reduce_batch_size
 
     return isinstance(exc, torch.OutOfMemoryError) or should_reduce_batch_size(exc)
 
 
 def free_memory() -> None:
     """Collect garbage and return cached blocks to the device (after the traceback is dropped)."""
-    from accelerate.utils import clear_device_cache
+    from accelerate.utils.memory import clear_device_cache
 
     gc.collect()
     clear_device_cache(garbage_collection=True)

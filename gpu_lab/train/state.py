@@ -23,7 +23,9 @@ STATE_FILE = "trainer_state.json"
 
 
 # --- RNG states as tensors and plain data (so torch.load(weights_only=True) accepts them) ---------
-def rng_state(device_type: str = "cpu") -> dict[str, Any]:
+def rng_state(device=None) -> dict[str, Any]:
+    """This process's RNG states: Python, NumPy, torch CPU, and the CUDA generator of `device`
+    (only this rank's GPU: asking for every GPU's state would create a CUDA context on each)."""
     import numpy as np
     import torch
 
@@ -32,12 +34,12 @@ def rng_state(device_type: str = "cpu") -> dict[str, Any]:
              "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
                        "has_gauss": int(has_gauss), "gauss": float(gauss)},
              "torch": torch.get_rng_state()}
-    if device_type == "cuda":  # only inside a worker that already uses CUDA (never in the kernel)
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if device is not None and torch.device(device).type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
     return state
 
 
-def set_rng_state(state: dict[str, Any], device_type: str = "cpu") -> None:
+def set_rng_state(state: dict[str, Any], device=None) -> None:
     import numpy as np
     import torch
 
@@ -47,8 +49,8 @@ def set_rng_state(state: dict[str, Any], device_type: str = "cpu") -> None:
     np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
                          n["gauss"]))
     torch.set_rng_state(state["torch"])
-    if device_type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if device is not None and torch.device(device).type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
 
 
 # --- the pieces of a run ---------------------------------------------------------------------------
@@ -71,12 +73,11 @@ def save_training_state(accelerator, model, optimizer, scheduler, *, root: str |
     import torch.distributed as dist
     from safetensors.torch import save_model
 
-    device_type = accelerator.device.type
     multi = accelerator.num_processes > 1
-    rngs = [rng_state(device_type)]
+    rngs = [rng_state(accelerator.device)]
     if multi:
         rngs = [None] * accelerator.num_processes
-        dist.all_gather_object(rngs, rng_state(device_type))
+        dist.all_gather_object(rngs, rng_state(accelerator.device))
     opt = _inner_optimizer(optimizer)
     if _is_zero(optimizer):
         opt.consolidate_state_dict(to=0)  # ZeRO: the shards travel to rank 0 (collective)

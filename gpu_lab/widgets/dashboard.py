@@ -105,7 +105,7 @@ class Dashboard(W.VBox):
         super().__init__(parts)
 
     def close(self) -> None:
-        for w in (self.info, self.liveplot, self.gpupanel):
+        for w in (getattr(self, n, None) for n in ("info", "liveplot", "gpupanel")):
             if w is not None:
                 w.close()
         super().close()

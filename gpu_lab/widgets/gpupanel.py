@@ -17,7 +17,7 @@ from typing import Any, Callable
 import ipywidgets as W
 
 from ..telemetry import Sampler, get_sampler
-from .liveplot import COLORS
+from .liveplot import COLORS, as_dates
 from .throttle import MAX_HZ, Flusher
 
 MEM_HIGH_PCT = 95.0
@@ -28,6 +28,13 @@ GPU_PANELS = (("util_gpu", "GPU utilisation %"), ("mem_used_pct", "memory used %
 HOST_PANELS = (("cpu_pct", "host CPU %"), ("ram_pct", "host RAM %"), ("io", "disk / net MB/s"))
 IO_SERIES = (("disk_read_mbps", "disk read"), ("disk_write_mbps", "disk write"),
              ("net_recv_mbps", "net recv"), ("net_sent_mbps", "net sent"))
+
+
+def _column(values: list) -> Any:
+    """A float array for plotly (binary on the wire, no per-element validation); None -> NaN gap."""
+    import numpy as np
+
+    return np.array([np.nan if v is None else v for v in values], dtype=float)
 
 
 def _fmt(v: Any, spec: str = ".0f", unit: str = "") -> str:
@@ -45,7 +52,7 @@ class GPUPanel(W.VBox):
 
     def __init__(self, sampler: Sampler | None = None, *, window: int = 300, pid: int | None = None,
                  max_hz: float = MAX_HZ, clock: Callable[[], float] = time.monotonic,
-                 height: int = 420, start: bool = True) -> None:
+                 height: int = 420, width: int | None = 1000, start: bool = True) -> None:
         import plotly.graph_objects as go
         from plotly.subplots import make_subplots
 
@@ -61,23 +68,24 @@ class GPUPanel(W.VBox):
 
         self.notice = W.HTML("", layout=W.Layout(display="none"))
         self.table = W.HTML("<i>waiting for the first telemetry sample…</i>")
-        sub = make_subplots(rows=2, cols=2, subplot_titles=[t for _, t in GPU_PANELS],
-                            vertical_spacing=0.16, horizontal_spacing=0.08)
-        self.gpu_fig = go.FigureWidget(sub)
-        self.gpu_fig.update_layout(height=height, margin=dict(l=45, r=15, t=40, b=30),
+        # As in LivePlot: layout, traces and the first draw go into the figures before they
+        # become widgets, so a view rendered later (or before plotly's module loaded) has them.
+        self.gpu_fig = make_subplots(rows=2, cols=2, subplot_titles=[t for _, t in GPU_PANELS],
+                                     vertical_spacing=0.16, horizontal_spacing=0.08)
+        self.gpu_fig.update_layout(height=height, width=width, margin=dict(l=45, r=15, t=40, b=30),
                                    template="plotly_white", uirevision="gpu_lab",
                                    legend=dict(orientation="h", y=1.1, x=1, xanchor="right"))
         self.gpu_fig.update_xaxes(type="date")
         self.gpu_fig.update_yaxes(range=[0, 105], row=1)
         # the thresholds the table highlights
-        self.gpu_fig.add_hline(y=UTIL_LOW_PCT, line=dict(dash="dot", color="#b58900", width=1), row=1, col=1)
-        self.gpu_fig.add_hline(y=MEM_HIGH_PCT, line=dict(dash="dot", color="#b00", width=1), row=1, col=2)
-        self.gpu_box = W.Box([self.gpu_fig], layout=W.Layout(display="none"))
+        self.gpu_fig.add_hline(y=UTIL_LOW_PCT, line=dict(dash="dot", color="#b58900", width=1),
+                               row=1, col=1)
+        self.gpu_fig.add_hline(y=MEM_HIGH_PCT, line=dict(dash="dot", color="#b00", width=1),
+                               row=1, col=2)
 
-        hsub = make_subplots(rows=1, cols=3, subplot_titles=[t for _, t in HOST_PANELS],
-                             horizontal_spacing=0.07)
-        self.host_fig = go.FigureWidget(hsub)
-        self.host_fig.update_layout(height=230, margin=dict(l=45, r=15, t=40, b=30),
+        self.host_fig = make_subplots(rows=1, cols=3, subplot_titles=[t for _, t in HOST_PANELS],
+                                      horizontal_spacing=0.07)
+        self.host_fig.update_layout(height=230, width=width, margin=dict(l=45, r=15, t=40, b=30),
                                     template="plotly_white", uirevision="gpu_lab", showlegend=False)
         self.host_fig.update_xaxes(type="date")
         self.host_fig.update_yaxes(range=[0, 105], col=1)
@@ -89,11 +97,16 @@ class GPUPanel(W.VBox):
         for i, (key, label) in enumerate(IO_SERIES):
             self.host_fig.add_scatter(x=[], y=[], name=label, mode="lines", meta={"metric": key},
                                       line=dict(color=COLORS[2 + i], width=1.2), row=1, col=3)
+        self.gpu_box = W.Box([], layout=W.Layout(display="none"))
+        for smp in self.sampler.history():
+            self.samples.append(smp)
+        if not self.samples:  # one sample now, so the panel (and its GPU traces) exist at once
+            self.samples.append(self.sampler.sample_once())
+        self._flusher.flush_now()
+        self.gpu_fig = go.FigureWidget(self.gpu_fig)
+        self.host_fig = go.FigureWidget(self.host_fig)
+        self.gpu_box.children = (self.gpu_fig,)
         super().__init__([self.notice, self.table, self.gpu_box, self.host_fig])
-        for s in self.sampler.history():
-            self.samples.append(s)
-        if self.samples:
-            self._flusher.flush_now()
         if start:
             self.start()
 
@@ -116,8 +129,11 @@ class GPUPanel(W.VBox):
             self.stopped_reason = reason
             if self.pid is not None:
                 self.sampler.unwatch(self.pid)
-            if reason and self.samples:
-                self._flusher.flush_now()  # show why the plots stopped moving
+            if not self.samples:  # stopped before the first sample arrived: show one anyway
+                latest = self.sampler.latest()
+                self.samples.append(latest if latest is not None else self.sampler.sample_once())
+            if reason or self._flusher.dirty:
+                self._flusher.flush_now()  # show the last sample and why the plots stopped
 
     @property
     def listening(self) -> bool:
@@ -143,11 +159,13 @@ class GPUPanel(W.VBox):
 
     # --- drawing ---------------------------------------------------------------------------------
     def _redraw(self) -> None:
+        import numpy as np
+
         samples = list(self.samples)
         if not samples:
             return
         latest = samples[-1]
-        xs = [s["t"] * 1000.0 for s in samples]  # plotly dates: ms since epoch
+        xs = as_dates([s["t"] for s in samples])
         gpus = latest.get("gpus") or []
         notice = self.sampler.notice if not gpus else None
         if self.stopped_reason:
@@ -161,7 +179,7 @@ class GPUPanel(W.VBox):
         with self.host_fig.batch_update():
             for i, key in enumerate(["cpu_pct", "ram_pct"] + [k for k, _ in IO_SERIES]):
                 self.host_fig.data[i].x = xs
-                self.host_fig.data[i].y = [s["host"].get(key) for s in samples]
+                self.host_fig.data[i].y = _column([s["host"].get(key) for s in samples])
 
     def _redraw_gpus(self, samples: list[dict], xs: list[float], gpus: list[dict]) -> None:
         for g in gpus:
@@ -182,7 +200,7 @@ class GPUPanel(W.VBox):
                     gs = s.get("gpus") or []
                     ys.append(gs[gpu].get(key) if gpu < len(gs) else None)
                 self.gpu_fig.data[idx].x = xs
-                self.gpu_fig.data[idx].y = ys
+                self.gpu_fig.data[idx].y = _column(ys)
 
     def _table_html(self, s: dict) -> str:
         cell = "padding:2px 8px;text-align:right"
@@ -236,9 +254,12 @@ class GPUPanel(W.VBox):
 
     # --- housekeeping ----------------------------------------------------------------------------
     def close(self) -> None:
-        self.stop()
-        for w in (self.notice, self.table, self.gpu_fig, self.gpu_box, self.host_fig):
-            w.close()
+        if getattr(self, "_listening", False):
+            self.stop()
+        for name in ("notice", "table", "gpu_fig", "gpu_box", "host_fig"):
+            w = getattr(self, name, None)
+            if w is not None:
+                w.close()
         super().close()
 
     def __repr__(self) -> str:

@@ -103,6 +103,15 @@ class Field:
         self.error.layout.display = None if message else "none"
 
 
+def _config_error(values: dict[str, Any]) -> str | None:
+    """TrainConfig's own message for these values, or None if it accepts them."""
+    try:
+        TrainConfig(**values)
+    except (TypeError, ValueError) as e:
+        return str(e)
+    return None
+
+
 def _num(v: Any) -> str:
     if v is None:
         return "∞"
@@ -181,21 +190,19 @@ class LaunchPanel(W.VBox):
         values = self.values()
         defaults = {n: f.info["default"] for n, f in self.fields.items()}
         errors: dict[str, str] = {}
-        for _ in range(len(values) + 1):  # one more error found per pass, each put back to default
-            try:
-                TrainConfig(**values)
-                break
-            except (TypeError, ValueError) as e:
-                msg = str(e)
-                names = [n for n in _FIELD_RE.findall(msg) if n in values] or [""]
-                fixed = False
-                for n in names:
-                    errors.setdefault(n, msg)
-                    if n and values[n] != defaults[n]:
-                        values[n] = defaults[n]
-                        fixed = True
-                if not fixed:
-                    break
+        # 1. each changed field on its own (others at their defaults): its own type/range errors
+        for n, v in values.items():
+            if v == defaults[n] and type(v) is type(defaults[n]):
+                continue
+            msg = _config_error({n: v})
+            if msg and n in _FIELD_RE.findall(msg):
+                errors[n] = msg
+        # 2. everything together, refused fields put back to their defaults: what is left is a
+        #    problem between fields (epochs and max_steps both empty, say)
+        msg = _config_error({n: (defaults[n] if n in errors else v) for n, v in values.items()})
+        if msg:
+            for n in [n for n in _FIELD_RE.findall(msg) if n in values] or [""]:
+                errors.setdefault(n, msg)
         for n, f in self.fields.items():
             f.show_error(errors.get(n))
         general = errors.get("")
@@ -261,6 +268,7 @@ class LaunchPanel(W.VBox):
         self.dashboard = Dashboard(run, **self._dashboard_kw)
         self.dashboard.info.on_final(self._on_run_end)
         self.run_box.children = (self.dashboard,)
+        self.form.selected_index = None  # fold the form away: the run's dashboard needs the room
         self._sync_buttons()
         self._say(f"launched {getattr(run, 'id', run)}", "#1a7f37")
 
@@ -289,7 +297,7 @@ class LaunchPanel(W.VBox):
         self._say("checkpoint requested: rank 0 saves at the next step boundary")
 
     def close(self) -> None:
-        if self.dashboard is not None:
+        if getattr(self, "dashboard", None) is not None:
             self.dashboard.close()
         super().close()
 

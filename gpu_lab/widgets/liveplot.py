@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable, Sequence
 import ipywidgets as W
 
 from ..stream import events as ev
-from ..stream.history import MetricHistory, decimate_minmax
+from ..stream.history import MetricHistory
 from .throttle import MAX_HZ, Flusher
 
 LOSS = "loss"
@@ -24,10 +24,13 @@ FINAL_STATUSES = ("succeeded", "failed", "stopped", "lost")
 
 #: The small panels under the loss plot: key, title, the metric names that feed it (first found
 #: wins), and whether one trace per rank is drawn (False: the lowest rank only, e.g. the lr).
+#: "data_wait/step_time" is a ratio of two reported metrics: gpu_lab's fit loop reports the mean
+#: seconds per step spent waiting for the DataLoader (data_wait) and the mean step time.
 PANELS: tuple[tuple[str, str, tuple[str, ...], bool], ...] = (
     ("throughput", "samples/s", ("samples_per_s", "samples_per_sec", "throughput"), True),
     ("lr", "learning rate", ("lr", "learning_rate"), False),
-    ("data_wait", "data-wait fraction", ("data_wait", "data_wait_frac", "data_wait_fraction"), True),
+    ("data_wait", "data-wait fraction", ("data_wait_frac", "data_wait_fraction",
+                                         "data_wait/step_time"), True),
 )
 
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
@@ -41,6 +44,43 @@ def ema(values: Sequence[float], weight: float) -> list[float]:
         last = last * weight + (1.0 - weight) * v
         out.append(last / (1.0 - weight**i) if weight < 1.0 else v)
     return out
+
+
+def as_dates(seconds: Any) -> Any:
+    """Wall-clock seconds -> datetime64[ms] for a plotly date axis. (The widget's plotly.js draws
+    nothing for plain epoch-millisecond numbers on a date axis; datetimes travel as ISO text.)"""
+    import numpy as np
+
+    return (np.asarray(seconds, dtype=float) * 1000.0).astype("int64").astype("datetime64[ms]")
+
+
+def decimate(x: Any, y: Any, n: int) -> tuple[Any, Any]:
+    """numpy twin of gpu_lab.stream.history.decimate_minmax (same points, same order: first, then
+    each bucket's min and max in x order, then last), ~30x faster on a few thousand points, which
+    is what lets a redraw stay a few milliseconds of the kernel's CPU."""
+    import numpy as np
+
+    x = np.asarray(x, dtype=float)
+    y = np.asarray(y, dtype=float)
+    m = len(x)
+    if m <= n:
+        return x, y
+    buckets = (n - 2) // 2
+    inner = m - 2
+    lo = 1 + (np.arange(buckets) * inner) // buckets
+    hi = 1 + (np.arange(1, buckets + 1) * inner) // buckets
+    width = int((hi - lo).max())
+    cols = np.arange(width)
+    pos = lo[:, None] + cols[None, :]            # bucket b's indices, padded to equal width
+    valid = pos < hi[:, None]
+    vals = y[np.minimum(pos, m - 1)]
+    # argmin/argmax return the first occurrence, as min()/max() do; padding never wins
+    imin = np.take_along_axis(pos, np.argmin(np.where(valid, vals, np.inf), 1)[:, None], 1)
+    imax = np.take_along_axis(pos, np.argmax(np.where(valid, vals, -np.inf), 1)[:, None], 1)
+    nonempty = hi > lo
+    keep = np.unique(np.concatenate((imin[nonempty, 0], imax[nonempty, 0])))
+    idx = np.concatenate(([0], keep, [m - 1]))
+    return x[idx], y[idx]
 
 
 def mean_of_ranks(series: list[tuple[list, list, list]]) -> tuple[list, list, list]:
@@ -70,13 +110,16 @@ class LivePlot(W.VBox):
     LivePlot(run) follows a launched Run (its `metrics` history and event stream). LivePlot()
     without a run owns a history: feed it with `on_events(events)` and redraw with `tick()`;
     LivePlot(history=h) draws a finished run's history once.
+
+    Redraws happen at most `max_hz` times a second and take at most `max_share` of one core
+    (a slow redraw makes the next one wait longer; None: no such cap).
     """
 
     def __init__(self, run: Any = None, *, history: MetricHistory | None = None,
                  max_points: int = 2000, x: str = "step", log_y: bool = False,
-                 smoothing: float = 0.0, max_hz: float = MAX_HZ,
+                 smoothing: float = 0.0, max_hz: float = MAX_HZ, max_share: float | None = 0.02,
                  clock: Callable[[], float] = time.monotonic, height: int = 460,
-                 attach: bool = True) -> None:
+                 width: int | None = 1000, attach: bool = True) -> None:
         import plotly.graph_objects as go
         from plotly.subplots import make_subplots
 
@@ -94,26 +137,40 @@ class LivePlot(W.VBox):
             self.history, self._owns_history = run.metrics, False  # the Run fills it before us
         else:
             self.history, self._owns_history = MetricHistory(capacity=2 * max_points), True
-        self._flusher = Flusher(self._redraw, max_hz, clock)
+        self._flusher = Flusher(self._redraw, max_hz, clock, max_share)
         self._traces: dict[tuple[str, int], int] = {}
         self.events = 0
         self._final = False
         self._attached = False
 
-        sub = make_subplots(rows=2, cols=3, specs=[[{"colspan": 3}, None, None], [{}, {}, {}]],
-                            row_heights=[0.64, 0.36], vertical_spacing=0.14,
-                            horizontal_spacing=0.07,
-                            subplot_titles=["loss"] + [f"{p[1]} (not reported)" for p in PANELS])
-        self.fig = go.FigureWidget(sub)
-        self.fig.update_layout(height=height, margin=dict(l=50, r=20, t=40, b=40),
+        # Everything known at construction goes into the figure *before* it becomes a widget:
+        # the browser builds a view from the widget's initial state and applies later deltas, and
+        # deltas sent before the frontend has loaded plotly's module are lost. So the layout, one
+        # trace per expected rank and metric, and the first draw are all part of that state, and
+        # every later redraw sends whole arrays (a view that missed one catches up at the next).
+        self.fig = make_subplots(rows=2, cols=3, specs=[[{"colspan": 3}, None, None], [{}, {}, {}]],
+                                 row_heights=[0.64, 0.36], vertical_spacing=0.14,
+                                 horizontal_spacing=0.07,
+                                 subplot_titles=["loss"] + [f"{p[1]} (not reported)" for p in PANELS])
+        self.fig.update_layout(height=height, width=width, margin=dict(l=50, r=20, t=40, b=40),
                                legend=dict(orientation="h", yanchor="bottom", y=1.04, x=1,
                                            xanchor="right"),
                                template="plotly_white", uirevision="gpu_lab")
         self.fig.update_yaxes(rangemode="tozero", row=2)
+        self.fig.update_xaxes(type="date" if x == "time" else "linear")
+        self.fig.update_yaxes(type="log" if log_y else "linear", row=1, col=1)
+        n = int(getattr(run, "num_processes", 0) or 0)
+        for r in range(n):
+            self._ensure_trace(LOSS, r, (1, 1))
+        if n >= 2:
+            self._ensure_trace(LOSS, MEAN, (1, 1))
+        for col, (key, _title, _aliases, per_rank) in enumerate(PANELS, start=1):
+            for r in range(n if per_rank else min(n, 1)):
+                self._ensure_trace(key, r, (2, col))
 
         self.x_toggle = W.ToggleButtons(options=[("step", "step"), ("wall time", "time")], value=x,
-                                        description="x", style={"button_width": "80px"},
-                                        tooltip="plot against the optimizer step or the wall clock")
+                                        style={"button_width": "80px"},
+                                        tooltips=["x: optimizer step", "x: wall-clock time"])
         self.ema_box = W.Checkbox(value=smoothing > 0, description="EMA smoothing", indent=False,
                                   layout=W.Layout(width="130px"))
         self.smoothing = W.FloatSlider(value=smoothing or 0.6, min=0.0, max=0.99, step=0.01,
@@ -121,14 +178,17 @@ class LivePlot(W.VBox):
                                        disabled=smoothing == 0)
         self.log_box = W.Checkbox(value=log_y, description="log y", indent=False,
                                   layout=W.Layout(width="80px"))
+        self.flush()  # the first draw, into the plain figure
+        self.fig = go.FigureWidget(self.fig)
         for w in (self.x_toggle, self.ema_box, self.smoothing, self.log_box):
             w.observe(self._on_control, names="value")
-        controls = W.HBox([self.x_toggle, self.ema_box, self.smoothing, self.log_box],
+        controls = W.HBox([W.HTML("x axis&nbsp;"), self.x_toggle, self.ema_box, self.smoothing,
+                           self.log_box],
                           layout=W.Layout(align_items="center", flex_flow="row wrap"))
         super().__init__([controls, self.fig])
-        if run is not None and attach:
+        if attach and run is not None and hasattr(run, "subscribe") and \
+                getattr(run, "status", None) not in FINAL_STATUSES:
             self.attach()
-        self.flush()
 
     # --- data in -----------------------------------------------------------------------------------
     def attach(self) -> None:
@@ -200,10 +260,10 @@ class LivePlot(W.VBox):
         if len(loss_ranks) >= 2:
             out.append((LOSS, MEAN, LOSS, (1, 1)))
         for col, (key, _title, aliases, per_rank) in enumerate(PANELS, start=1):
-            metric = next((a for a in aliases if a in names), None)
+            metric = next((a for a in aliases if all(part in names for part in a.split("/"))), None)
             if metric is None:
                 continue
-            have = [r for r in ranks if self.history.count(metric, r)]
+            have = [r for r in ranks if self.history.count(metric.split("/")[0], r)]
             for r in have if per_rank else have[:1]:
                 out.append((key, r, metric, (2, col)))
         return out
@@ -222,6 +282,19 @@ class LivePlot(W.VBox):
         return idx
 
     def _points(self, metric: str, rank: int) -> tuple[list, list, list]:
+        if "/" in metric:  # a ratio of two metrics, on the numerator's steps
+            num, den = metric.split("/")
+            steps, times, values = self._points(num, rank)
+            dsteps, _, dvalues = self._points(den, rank)
+            if not steps or not dsteps:
+                return [], [], []
+            import numpy as np
+
+            d = np.interp(np.asarray(steps, float), np.asarray(dsteps, float),
+                          np.asarray(dvalues, float))
+            with np.errstate(divide="ignore", invalid="ignore"):
+                ratio = np.where(d > 0, np.asarray(values, float) / d, np.nan)
+            return steps, times, ratio
         steps, values = self.history.series(metric, rank)
         times = self.history.times(metric, rank)
         n = min(len(steps), len(times), len(values))  # a write may land between the two reads
@@ -246,11 +319,9 @@ class LivePlot(W.VBox):
                     loss_series.append((steps, times, values))
             if key == LOSS and weight > 0:
                 values = ema(values, weight)
-            xs = [t * 1000.0 for t in times] if use_time else steps  # plotly dates: ms since epoch
-            xs, ys = decimate_minmax(xs, values, self.max_points) if len(xs) > self.max_points \
-                else (xs, values)
-            data[self._traces[(key, rank)]] = (np.asarray(xs, dtype=float),
-                                               np.asarray(ys, dtype=float))
+            xs = np.asarray(times if use_time else steps, dtype=float)
+            xs, ys = decimate(xs, values, self.max_points)
+            data[self._traces[(key, rank)]] = (as_dates(xs) if use_time else xs, ys)
         reported = {k for k, *_ in wanted}
         with self.fig.batch_update():
             for idx, (xs, ys) in data.items():
@@ -278,9 +349,12 @@ class LivePlot(W.VBox):
         return 0 if y is None else len(y)
 
     def close(self) -> None:
-        self.detach()
-        for w in (self.fig, self.x_toggle, self.ema_box, self.smoothing, self.log_box):
-            w.close()
+        if getattr(self, "_attached", False):
+            self.detach()
+        for name in ("fig", "x_toggle", "ema_box", "smoothing", "log_box"):
+            w = getattr(self, name, None)
+            if w is not None:
+                w.close()
         super().close()
 
     def __repr__(self) -> str:

@@ -1,6 +1,6 @@
 """RunInfo: a run's status line, the tail of each rank's log, and an error box with the triage.
 
-Updated from the receiver's tick (at most 4 Hz for the status line; log files are re-read every
+Updated from the receiver's tick (once a second for the status line; log files are re-read every
 `log_every` seconds while the run is active, and once more at the end). It only sets traits of
 HTML widgets: nothing here writes to an Output widget, so it is safe from a background thread.
 """
@@ -13,7 +13,7 @@ from typing import Any, Callable
 import ipywidgets as W
 
 from ..stream import events as ev
-from .throttle import MAX_HZ, Flusher
+from .throttle import Flusher
 
 FINAL_STATUSES = ("succeeded", "failed", "stopped", "lost")
 STATUS_COLORS = {"pending": "#555", "running": "#1a7f37", "stopping": "#9a6700",
@@ -38,10 +38,9 @@ def status_html(run: Any, started: float | None = None) -> str:
         loss = m.last("loss")
         if loss is not None:
             parts.append(f"loss {loss:.4g}")
-        sps = [m.last(name, r) for r in m.ranks() for name in ("samples_per_s",)]
-        sps = [v for v in sps if v is not None]
-        if sps:
-            parts.append(f"{sum(sps):,.0f} samples/s")
+        sps = m.last("samples_per_s")  # gpu_lab's fit loop reports the global rate on every rank
+        if sps is not None:
+            parts.append(f"{sps:,.0f} samples/s")
     if started is not None and status not in FINAL_STATUSES:
         el = int(time.time() - started)
         parts.append(f"{el // 60}:{el % 60:02d} elapsed")
@@ -82,7 +81,7 @@ class RunInfo(W.VBox):
     """Status line + per-rank log tails + error box of one run."""
 
     def __init__(self, run: Any, *, log_lines: int = 15, log_every: float = 2.0,
-                 max_hz: float = MAX_HZ, clock: Callable[[], float] = time.monotonic,
+                 max_hz: float = 1.0, clock: Callable[[], float] = time.monotonic,
                  attach: bool = True) -> None:
         self.run = run
         self.log_lines = log_lines
@@ -104,7 +103,9 @@ class RunInfo(W.VBox):
         self.error_box = W.HTML("", layout=W.Layout(display="none"))
         super().__init__([self.status_line, self.error_box, self.logs_box])
         self._redraw()
-        if attach and getattr(run, "status", None) not in FINAL_STATUSES:
+        if getattr(run, "status", None) in FINAL_STATUSES:
+            self._final_drawn = True  # nothing will change: on_final callbacks run at once
+        elif attach:
             self.attach()
 
     def on_final(self, fn: Callable[[Any], None]) -> None:
@@ -185,10 +186,12 @@ class RunInfo(W.VBox):
         _set_pre(self.supervisor_log, logs(None, tail=self.log_lines))
 
     def close(self) -> None:
-        self.detach()
-        for w in self.rank_logs + [self.supervisor_log, self.logs, self.logs_box,
-                                   self.status_line, self.error_box]:
-            w.close()
+        if getattr(self, "_attached", False):
+            self.detach()
+        for w in getattr(self, "rank_logs", []) + [getattr(self, n, None) for n in (
+                "supervisor_log", "logs", "logs_box", "status_line", "error_box")]:
+            if w is not None:
+                w.close()
         super().close()
 
     def __repr__(self) -> str:

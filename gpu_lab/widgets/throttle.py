@@ -42,16 +42,25 @@ class Flusher:
     """Dirty flag + throttle + lock: `mark()` from any thread, `maybe_flush()` from the owning
     thread, `flush_now()` from the kernel's main thread (a toggle was clicked).
 
-    `fn` does the actual redraw; calls never overlap.
+    `fn` does the actual redraw; calls never overlap. `max_share` caps the CPU the redraws may
+    take: after a redraw that took d seconds the next one waits at least d / max_share, so on a
+    slow or busy machine the plot updates less often instead of slowing training down (the
+    kernel shares the cores with the workers on a CPU-only host).
     """
 
     def __init__(self, fn: Callable[[], None], max_hz: float = MAX_HZ,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 max_share: float | None = 0.02) -> None:
+        if max_share is not None and not 0 < max_share <= 1:
+            raise ValueError(f"Flusher max_share: got {max_share!r}; expected 0 < share <= 1 or None")
         self._fn = fn
         self.throttle = Throttle(max_hz, clock)
+        self.max_share = max_share
         self._dirty = False
         self._lock = threading.RLock()
+        self._not_before = float("-inf")
         self.flushes = 0
+        self.busy = 0.0  # seconds spent redrawing
 
     def mark(self) -> None:
         self._dirty = True
@@ -62,7 +71,7 @@ class Flusher:
 
     def maybe_flush(self) -> bool:
         """Redraw if something changed and the throttle allows it; True if it redrew."""
-        if not self._dirty or not self.throttle.due():
+        if not self._dirty or self.throttle.clock() < self._not_before or not self.throttle.due():
             return False
         return self.flush_now()
 
@@ -70,5 +79,14 @@ class Flusher:
         with self._lock:
             self._dirty = False
             self.flushes += 1
-            self._fn()
+            clock = self.throttle.clock
+            t0 = clock()
+            try:
+                self._fn()
+            finally:
+                now = clock()
+                took = max(0.0, now - t0)
+                self.busy += took
+                if self.max_share:
+                    self._not_before = now + took / self.max_share
         return True

@@ -1,0 +1,171 @@
+/**
+ * gpu_lab's JupyterLab extension: wires the model to its views and registers the commands.
+ */
+import {
+  ILayoutRestorer,
+  JupyterFrontEnd,
+  JupyterFrontEndPlugin
+} from '@jupyterlab/application';
+import {
+  ICommandPalette,
+  MainAreaWidget,
+  Notification,
+  WidgetTracker
+} from '@jupyterlab/apputils';
+import { IStatusBar } from '@jupyterlab/statusbar';
+import { LabIcon } from '@jupyterlab/ui-components';
+
+import { RunDashboard } from './dashboard';
+import { GpuLabModel, IRun } from './model';
+import { GpuLabPanel } from './panel';
+import { GpuLabStatus } from './statusbar';
+
+export * from './model';
+
+const PLUGIN_ID = 'gpu_lab:plugin';
+
+export namespace CommandIDs {
+  export const openPanel = 'gpu-lab:open-panel';
+  export const openTutorials = 'gpu-lab:open-tutorials';
+  export const openRunDashboard = 'gpu-lab:open-run-dashboard';
+  export const stopRun = 'gpu-lab:stop-run';
+}
+
+const chipSvg = `<svg xmlns="http://www.w3.org/2000/svg" width="16" height="16" viewBox="0 0 24 24">
+  <g class="jp-icon3" fill="#616161">
+    <path d="M7 7h10v10H7z" fill-opacity="0.35"/>
+    <path d="M9 2h2v3H9zM13 2h2v3h-2zM9 19h2v3H9zM13 19h2v3h-2zM2 9h3v2H2zM2 13h3v2H2zM19 9h3v2h-3zM19 13h3v2h-3z"/>
+    <path d="M5 5h14v14H5zm2 2v10h10V7z"/>
+  </g>
+</svg>`;
+
+export const gpuLabIcon = new LabIcon({ name: 'gpu_lab:chip', svgstr: chipSvg });
+
+const plugin: JupyterFrontEndPlugin<GpuLabModel> = {
+  id: PLUGIN_ID,
+  description: 'GPU Lab: live GPU and host telemetry, runs list with Stop, status-bar item.',
+  autoStart: true,
+  optional: [ICommandPalette, ILayoutRestorer, IStatusBar],
+  activate: (
+    app: JupyterFrontEnd,
+    palette: ICommandPalette | null,
+    restorer: ILayoutRestorer | null,
+    statusBar: IStatusBar | null
+  ): GpuLabModel => {
+    const model = new GpuLabModel();
+    const { commands, shell } = app;
+    const tracker = new WidgetTracker<MainAreaWidget<RunDashboard>>({ namespace: 'gpu-lab-run' });
+
+    const stop = async (run: IRun): Promise<void> => {
+      try {
+        const after = await model.stopRun(run.id);
+        Notification.info(`Run ${run.name || run.id}: ${after.status}`, { autoClose: 4000 });
+      } catch (error) {
+        Notification.error(`Could not stop run ${run.id}: ${(error as Error).message}`);
+      }
+    };
+
+    const panel = new GpuLabPanel(model, {
+      stop,
+      openDashboard: run => void commands.execute(CommandIDs.openRunDashboard, { runId: run.id }),
+      openTutorials: () => void commands.execute(CommandIDs.openTutorials)
+    });
+    panel.title.icon = gpuLabIcon;
+    shell.add(panel, 'left', { rank: 950 });
+    restorer?.add(panel, panel.id);
+
+    commands.addCommand(CommandIDs.openPanel, {
+      label: 'GPU Lab: Show Panel',
+      caption: 'Show the GPU Lab side panel (GPUs, host, runs)',
+      icon: gpuLabIcon,
+      execute: () => shell.activateById(panel.id)
+    });
+
+    commands.addCommand(CommandIDs.openTutorials, {
+      label: 'GPU Lab: Open Tutorials Index',
+      caption: 'Open the tutorials index notebook',
+      execute: async () => {
+        const info = await model.info();
+        if (!info.tutorials_index) {
+          Notification.warning(
+            'GPU Lab: no tutorials index (00_overview.ipynb) under the server root. ' +
+              'Start JupyterLab with `make lab`, which serves notebooks/.'
+          );
+          return;
+        }
+        return commands.execute('docmanager:open', { path: info.tutorials_index });
+      }
+    });
+
+    commands.addCommand(CommandIDs.openRunDashboard, {
+      label: args => (args.runId ? `GPU Lab: Open Dashboard of Run ${args.runId}` : 'GPU Lab: Open Dashboard of Newest Run'),
+      caption: 'Open a run\'s dashboard (its metrics from the registry) in the main area',
+      execute: async args => {
+        let runId = args.runId as string | undefined;
+        if (!runId) {
+          const runs = await model.refreshRuns();
+          if (!runs.length) {
+            Notification.info('GPU Lab: no runs in the registry yet.');
+            return;
+          }
+          runId = runs[0].id;
+        }
+        const open = tracker.find(w => w.content.runId === runId);
+        if (open) {
+          shell.activateById(open.id);
+          return open;
+        }
+        const content = new RunDashboard(model, runId);
+        const widget = new MainAreaWidget({ content });
+        widget.id = content.id;
+        widget.title.icon = gpuLabIcon;
+        await tracker.add(widget);
+        shell.add(widget, 'main');
+        shell.activateById(widget.id);
+        return widget;
+      }
+    });
+
+    commands.addCommand(CommandIDs.stopRun, {
+      label: args => `GPU Lab: Stop Run ${args.runId ?? ''}`.trim(),
+      caption: 'Stop a run: SIGTERM to its process group, SIGKILL after a grace period',
+      isEnabled: args => !!args.runId,
+      execute: async args => {
+        const run = model.runs.find(r => r.id === args.runId);
+        await stop(run ?? ({ id: String(args.runId), name: '' } as IRun));
+      }
+    });
+
+    if (restorer) {
+      void restorer.restore(tracker, {
+        command: CommandIDs.openRunDashboard,
+        args: w => ({ runId: w.content.runId }),
+        name: w => w.content.runId
+      });
+    }
+
+    if (palette) {
+      for (const command of [
+        CommandIDs.openPanel,
+        CommandIDs.openTutorials,
+        CommandIDs.openRunDashboard
+      ]) {
+        palette.addItem({ command, category: 'GPU Lab' });
+      }
+    }
+
+    if (statusBar) {
+      const item = new GpuLabStatus(model, () => shell.activateById(panel.id));
+      statusBar.registerStatusItem('gpu_lab:status', {
+        item,
+        align: 'left',
+        rank: 3
+      });
+    }
+
+    model.start();
+    return model;
+  }
+};
+
+export default plugin;

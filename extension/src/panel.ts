@@ -1,0 +1,320 @@
+/**
+ * The "GPU Lab" side panel: live per-GPU charts, host stats and the runs list with Stop buttons.
+ * A view only: everything it shows comes from GpuLabModel's signals.
+ */
+import { Message } from '@lumino/messaging';
+import { Widget } from '@lumino/widgets';
+
+import { Sparkline } from './chart';
+import {
+  formatMiB,
+  formatPct,
+  GpuLabModel,
+  IGpuStats,
+  IRun,
+  ISample,
+  isActive
+} from './model';
+
+export interface IPanelActions {
+  stop(run: IRun): Promise<void>;
+  openDashboard(run: IRun): void;
+  openTutorials(): void;
+}
+
+function el<K extends keyof HTMLElementTagNameMap>(
+  tag: K,
+  className = '',
+  text = ''
+): HTMLElementTagNameMap[K] {
+  const node = document.createElement(tag);
+  if (className) {
+    node.className = className;
+  }
+  if (text) {
+    node.textContent = text;
+  }
+  return node;
+}
+
+/** One labelled value with a sparkline of its recent history. */
+class StatRow {
+  constructor(label: string, key: string, max = 100) {
+    this.node = el('div', 'jp-GpuLab-stat');
+    this.node.dataset.stat = key;
+    this._value = el('span', 'jp-GpuLab-stat-value', '–');
+    this._spark = new Sparkline({ max });
+    this.node.append(el('span', 'jp-GpuLab-stat-label', label), this._value, this._spark.node);
+  }
+
+  readonly node: HTMLDivElement;
+
+  update(text: string, history: Array<number | null | undefined>, max?: number): void {
+    this._value.textContent = text;
+    if (max !== undefined) {
+      this._spark.max = max;
+    }
+    this._spark.update(history);
+  }
+
+  private _value: HTMLSpanElement;
+  private _spark: Sparkline;
+}
+
+class GpuCard {
+  constructor(index: number) {
+    this.node = el('div', 'jp-GpuLab-gpu');
+    this.node.dataset.gpu = String(index);
+    this._title = el('div', 'jp-GpuLab-gpu-title', `GPU ${index}`);
+    this._util = new StatRow('Util', `gpu${index}-util`);
+    this._mem = new StatRow('Memory', `gpu${index}-mem`);
+    this._extra = el('div', 'jp-GpuLab-gpu-extra');
+    this.node.append(this._title, this._util.node, this._mem.node, this._extra);
+  }
+
+  readonly node: HTMLDivElement;
+
+  update(gpu: IGpuStats, history: ReadonlyArray<ISample>): void {
+    const pick = (s: ISample) => s.gpus.find(g => g.index === gpu.index);
+    this._title.textContent = `GPU ${gpu.index}${gpu.name ? ' · ' + gpu.name : ''}`;
+    this._util.update(formatPct(gpu.util_gpu), history.map(s => pick(s)?.util_gpu));
+    this._mem.update(
+      `${formatMiB(gpu.mem_used_mb)} / ${formatMiB(gpu.mem_total_mb)}`,
+      history.map(s => pick(s)?.mem_used_mb),
+      gpu.mem_total_mb || 1
+    );
+    const parts: string[] = [];
+    if (gpu.temperature_c !== null && gpu.temperature_c !== undefined) {
+      parts.push(`${gpu.temperature_c.toFixed(0)} °C`);
+    }
+    if (gpu.power_w !== null && gpu.power_w !== undefined) {
+      parts.push(`${gpu.power_w.toFixed(0)} W`);
+    }
+    this._extra.textContent = parts.join(' · ');
+  }
+
+  private _title: HTMLDivElement;
+  private _util: StatRow;
+  private _mem: StatRow;
+  private _extra: HTMLDivElement;
+}
+
+/** One run: name and status, step and last loss, then its buttons (narrow-panel friendly). */
+class RunCard {
+  constructor(run: IRun, actions: IPanelActions) {
+    this._run = run;
+    this.node = el('div', 'jp-GpuLab-run');
+    this.node.dataset.runId = run.id;
+    const top = el('div', 'jp-GpuLab-run-top');
+    this._name = el('span', 'jp-GpuLab-run-name');
+    this._status = el('span', 'jp-GpuLab-run-status');
+    top.append(this._name, this._status);
+    const stats = el('div', 'jp-GpuLab-run-stats');
+    this._step = el('span', 'jp-GpuLab-run-step');
+    this._loss = el('span', 'jp-GpuLab-run-loss');
+    this._procs = el('span', 'jp-GpuLab-run-procs');
+    stats.append('step ', this._step, ' · loss ', this._loss, this._procs);
+    const buttons = el('div', 'jp-GpuLab-run-actions');
+    const dash = el('button', 'jp-GpuLab-button jp-GpuLab-open-dashboard', 'Dashboard');
+    dash.title = 'Open this run\'s dashboard (its metrics from the registry)';
+    dash.onclick = () => actions.openDashboard(this._run);
+    this._stop = el('button', 'jp-GpuLab-button jp-GpuLab-stop', 'Stop');
+    this._stop.title = 'Stop the run: SIGTERM to its process group, SIGKILL after a grace period';
+    this._stop.onclick = async () => {
+      this._stop.disabled = true;
+      this._stop.textContent = 'Stopping…';
+      try {
+        await actions.stop(this._run);
+      } finally {
+        this._stop.disabled = false;
+        this._stop.textContent = 'Stop';
+      }
+    };
+    buttons.append(dash, this._stop);
+    this.node.append(top, stats, buttons);
+  }
+
+  readonly node: HTMLDivElement;
+
+  update(run: IRun): void {
+    this._run = run;
+    this.node.dataset.status = run.status;
+    this._name.textContent = run.name || run.id;
+    this._name.title = `${run.id}${run.num_processes ? ` · ${run.num_processes} processes` : ''}` +
+      `${run.error ? `\n${run.error}` : ''}`;
+    this._status.textContent = run.status;
+    this._status.className = `jp-GpuLab-run-status jp-GpuLab-status-${run.status}`;
+    this._step.textContent = run.last_step === null ? '–' : String(run.last_step);
+    this._loss.textContent = run.last_loss === null ? '–' : run.last_loss.toPrecision(4);
+    this._procs.textContent = run.num_processes ? ` · ${run.num_processes} proc` : '';
+    this._stop.style.display = isActive(run.status) ? '' : 'none';
+  }
+
+  private _run: IRun;
+  private _name: HTMLSpanElement;
+  private _status: HTMLSpanElement;
+  private _step: HTMLSpanElement;
+  private _loss: HTMLSpanElement;
+  private _procs: HTMLSpanElement;
+  private _stop: HTMLButtonElement;
+}
+
+export class GpuLabPanel extends Widget {
+  constructor(model: GpuLabModel, actions: IPanelActions) {
+    super();
+    this._model = model;
+    this._actions = actions;
+    this.id = 'gpu-lab-panel';
+    this.addClass('jp-GpuLab-panel');
+    this.title.caption = 'GPU Lab: GPUs, host and runs';
+
+    const header = el('div', 'jp-GpuLab-header');
+    header.append(el('h2', '', 'GPU Lab'));
+    this._conn = el('span', 'jp-GpuLab-conn', 'connecting…');
+    header.appendChild(this._conn);
+    const tutorials = el('button', 'jp-GpuLab-link', 'Tutorials');
+    tutorials.onclick = () => this._actions.openTutorials();
+    header.appendChild(tutorials);
+
+    this._gpus = el('div', 'jp-GpuLab-section jp-GpuLab-gpus');
+    this._gpus.dataset.section = 'gpus';
+    const host = el('div', 'jp-GpuLab-section jp-GpuLab-host');
+    host.dataset.section = 'host';
+    host.appendChild(el('h3', '', 'Host'));
+    this._cpu = new StatRow('CPU', 'host-cpu');
+    this._ram = new StatRow('RAM', 'host-ram');
+    this._load = el('div', 'jp-GpuLab-stat-note');
+    this._sampleTime = el('div', 'jp-GpuLab-stat-note jp-GpuLab-sample-time');
+    host.append(this._cpu.node, this._ram.node, this._load, this._sampleTime);
+
+    const runs = el('div', 'jp-GpuLab-section jp-GpuLab-runs');
+    runs.dataset.section = 'runs';
+    runs.appendChild(el('h3', '', 'Runs'));
+    this._runsList = el('div', 'jp-GpuLab-runs-list');
+    this._runsEmpty = el('div', 'jp-GpuLab-empty', 'No runs yet: launch one from a notebook.');
+    runs.append(this._runsList, this._runsEmpty);
+
+    this.node.append(header, this._gpus, host, runs);
+  }
+
+  protected onAfterAttach(msg: Message): void {
+    super.onAfterAttach(msg);
+    this._model.telemetryChanged.connect(this._onSample, this);
+    this._model.runsChanged.connect(this._onRuns, this);
+    this._model.connectionChanged.connect(this._onConnection, this);
+    this._onConnection(this._model, this._model.connected);
+    if (this._model.latest) {
+      this._onSample(this._model, this._model.latest);
+    }
+    this._onRuns(this._model, [...this._model.runs]);
+    void this._model.refreshRuns();
+  }
+
+  protected onAfterShow(msg: Message): void {
+    super.onAfterShow(msg);
+    if (this._model.latest) {
+      this._onSample(this._model, this._model.latest);
+    }
+  }
+
+  protected onBeforeDetach(msg: Message): void {
+    this._model.telemetryChanged.disconnect(this._onSample, this);
+    this._model.runsChanged.disconnect(this._onRuns, this);
+    this._model.connectionChanged.disconnect(this._onConnection, this);
+    super.onBeforeDetach(msg);
+  }
+
+  private _onConnection(_: GpuLabModel, connected: boolean): void {
+    this._conn.textContent = connected ? 'live' : 'reconnecting…';
+    this._conn.classList.toggle('jp-mod-live', connected);
+  }
+
+  private _onSample(_: GpuLabModel, sample: ISample): void {
+    if (!this.isVisible) {
+      return; // hidden side panels cost nothing; the next sample after showing repaints
+    }
+    const history = this._model.history;
+    const h = sample.host;
+    this._cpu.update(
+      `${formatPct(h.cpu_pct)}${h.cpu_count ? ` of ${h.cpu_count} cores` : ''}`,
+      history.map(s => s.host.cpu_pct)
+    );
+    this._ram.update(
+      `${formatMiB(h.ram_used_mb)} / ${formatMiB(h.ram_total_mb)}`,
+      history.map(s => s.host.ram_used_mb),
+      h.ram_total_mb || 1
+    );
+    this._load.textContent =
+      h.load_1 !== null && h.load_1 !== undefined ? `load ${h.load_1.toFixed(2)}` : '';
+    this._samples += 1;
+    this._sampleTime.dataset.samples = String(this._samples);
+    this._sampleTime.textContent = sample.t
+      ? `updated ${new Date(sample.t * 1000).toLocaleTimeString()}`
+      : '';
+    this._renderGpus(sample.gpus, history);
+  }
+
+  private _renderGpus(gpus: IGpuStats[], history: ReadonlyArray<ISample>): void {
+    if (!gpus.length) {
+      if (!this._gpus.querySelector('.jp-GpuLab-nogpu')) {
+        this._gpus.replaceChildren(
+          el('h3', '', 'GPUs'),
+          el('div', 'jp-GpuLab-empty jp-GpuLab-nogpu', 'No GPU visible to NVML on this host.')
+        );
+        this._cards.clear();
+      }
+      return;
+    }
+    if (this._cards.size !== gpus.length || this._gpus.querySelector('.jp-GpuLab-nogpu')) {
+      this._cards.clear();
+      this._gpus.replaceChildren(el('h3', '', `GPUs (${gpus.length})`));
+      for (const g of gpus) {
+        const card = new GpuCard(g.index);
+        this._cards.set(g.index, card);
+        this._gpus.appendChild(card.node);
+      }
+    }
+    for (const g of gpus) {
+      this._cards.get(g.index)?.update(g, history);
+    }
+  }
+
+  /** Update the runs list in place: a card per run id, reused across polls, so that a button
+   *  under the pointer is never replaced while the user clicks it. */
+  private _onRuns(_: GpuLabModel, runs: IRun[]): void {
+    this._runsEmpty.style.display = runs.length ? 'none' : '';
+    const wanted = new Set(runs.map(r => r.id));
+    for (const [id, card] of this._runCards) {
+      if (!wanted.has(id)) {
+        card.node.remove();
+        this._runCards.delete(id);
+      }
+    }
+    runs.forEach((run, i) => {
+      let card = this._runCards.get(run.id);
+      if (!card) {
+        card = new RunCard(run, this._actions);
+        this._runCards.set(run.id, card);
+      }
+      card.update(run);
+      // move a card only when the order changed (moving detaches the node)
+      if (this._runsList.children[i] !== card.node) {
+        this._runsList.insertBefore(card.node, this._runsList.children[i] ?? null);
+      }
+    });
+  }
+
+  private _model: GpuLabModel;
+  private _actions: IPanelActions;
+  private _conn: HTMLSpanElement;
+  private _gpus: HTMLDivElement;
+  private _cards = new Map<number, GpuCard>();
+  private _cpu: StatRow;
+  private _ram: StatRow;
+  private _load: HTMLDivElement;
+  private _sampleTime: HTMLDivElement;
+  private _samples = 0;
+  private _runsList: HTMLDivElement;
+  private _runCards = new Map<string, RunCard>();
+  private _runsEmpty: HTMLDivElement;
+}

@@ -1,0 +1,100 @@
+"""A Slurm batch script: srun starts one task per GPU, SIGUSR1 before the time limit, requeue.
+
+Why srun and not torchrun inside the job: Slurm's `--signal=SIGUSR1@90` goes to the processes of
+the job steps. torchrun's agent does not handle SIGUSR1 (its default action ends the agent and
+orphans the ranks) and, when its ranks exit with 143, it exits with 1, hiding the preemption.
+With srun starting the ranks directly, every rank gets SIGUSR1, the training toolkit's
+PreemptionGuard checkpoints at the next step boundary and exits 143, srun returns the highest
+task exit code (143), and the script requeues the job; on the next start, fit() resumes from the
+newest complete checkpoint (TrainConfig.resume). This is also how Lightning runs on Slurm.
+"""
+from __future__ import annotations
+
+from .job import Export, JobSpec, shell_join
+
+SCRIPT = "train.sbatch"
+PREEMPT_EXIT_CODE = 143  # gpu_lab.train.guards.PREEMPT_EXIT_CODE (128 + SIGTERM); no torch import
+SIGNAL_LEAD_S = 90       # seconds before the time limit: enough for one step and one checkpoint
+
+
+def sbatch_script(spec: JobSpec) -> str:
+    g, n = int(spec.nproc_per_node), spec.num_nodes
+    sb: list[tuple[str, str]] = [
+        (f"--job-name={spec.name}", ""),
+        (f"--nodes={n}", ""),
+        (f"--ntasks-per-node={g}", "one task = one rank; srun starts them"),
+    ]
+    if spec.device == "cuda":
+        sb.append((f"--gres=gpu:{g}", "GPUs per node, one per task"))
+    sb += [(f"--cpus-per-task={spec.cpus_per_task}", "DataLoader workers + the main thread"),
+           (f"--time={spec.time_limit}", ""),
+           (f"--signal=SIGUSR1@{SIGNAL_LEAD_S}",
+            f"{SIGNAL_LEAD_S} s before the time limit: checkpoint, exit {PREEMPT_EXIT_CODE}"),
+           ("--requeue", "the job may be put back in the queue"),
+           ("--open-mode=append", "a requeued run appends to the same log"),
+           ("--output=%x-%j.out", "")]
+    if spec.partition:
+        sb.append((f"--partition={spec.partition}", ""))
+    if spec.account:
+        sb.append((f"--account={spec.account}", ""))
+    # comments on lines of their own: sbatch reads every word after #SBATCH as an option
+    directives = []
+    for option, comment in sb:
+        if comment:
+            directives.append(f"# {comment}")
+        directives.append(f"#SBATCH {option}")
+    env = [f"export {k}={shell_join([v])}" for k, v in spec.env.items()]
+    run = shell_join(["srun", spec.python] + spec.run_entry_args())
+    body = f"""#!/bin/bash
+# {spec.name}: {n} node(s) x {g} {'GPU' if spec.device == 'cuda' else 'CPU task'}(s), \
+{spec.entry} (exported by gpu_lab)
+{chr(10).join(directives)}
+
+set -u
+# Rendezvous for torch.distributed: the job's first node, a port derived from the job id so that
+# two jobs sharing a node do not collide. gpu_lab.run_entry maps SLURM_PROCID / SLURM_LOCALID /
+# SLURM_STEP_NUM_TASKS / SLURM_NODEID to RANK / LOCAL_RANK / WORLD_SIZE / GROUP_RANK.
+export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+export MASTER_PORT=$((29500 + SLURM_JOB_ID % 1000))
+export OMP_NUM_THREADS=${{SLURM_CPUS_PER_TASK:-1}}
+# The run registry is SQLite (WAL): keep GPU_LAB_HOME on a local disk, not NFS, on multi-node jobs.
+{chr(10).join(env)}
+echo "gpu_lab: job $SLURM_JOB_ID attempt ${{SLURM_RESTART_COUNT:-0}} on $SLURM_JOB_NODELIST, master $MASTER_ADDR:$MASTER_PORT"
+
+{run}
+rc=$?
+if [ "$rc" -eq {PREEMPT_EXIT_CODE} ]; then
+    # the PreemptionGuard saved a checkpoint and exited {PREEMPT_EXIT_CODE}: run again later, resume
+    echo "gpu_lab: job $SLURM_JOB_ID preempted (exit {PREEMPT_EXIT_CODE}); requeueing" >&2
+    scontrol requeue "$SLURM_JOB_ID"
+    exit 0
+fi
+exit "$rc"
+"""
+    return body.replace("\n\n\n", "\n\n")
+
+
+def slurm(spec: JobSpec) -> Export:
+    g, n = spec.nproc_per_node, spec.num_nodes
+    text = [
+        f"`sbatch {SCRIPT}` asks Slurm for {n} node(s) with {g} "
+        f"{'GPU' if spec.device == 'cuda' else 'task'}(s) each for {spec.time_limit}. srun "
+        f"starts one task per GPU ({spec.world_size} ranks); each runs `python -m "
+        f"gpu_lab.run_entry {spec.entry} --config {spec.config_path}`, which turns Slurm's task "
+        "ids into torch.distributed's ranks and records the run in the registry as "
+        "`slurm-<job id>`.",
+        "",
+        f"Seed 003 §3.1 schedules GPU jobs with Slurm. The part that saves work is the end of a "
+        f"time slot: `--signal=SIGUSR1@{SIGNAL_LEAD_S}` sends SIGUSR1 to every rank "
+        f"{SIGNAL_LEAD_S} s before the limit; the training toolkit's PreemptionGuard finishes "
+        f"the step, writes a checkpoint and exits {PREEMPT_EXIT_CODE}; srun returns "
+        f"{PREEMPT_EXIT_CODE}; the script calls `scontrol requeue`, and the next attempt "
+        "resumes from the newest complete checkpoint (resume=True in the config; output_dir "
+        "must be on storage every node sees). A scheduler preemption (SIGTERM) takes the same "
+        "path.",
+        "",
+        "srun starts the ranks itself instead of torchrun: torchrun's agent would die of "
+        "SIGUSR1 and turns the ranks' 143 into its own exit code 1.",
+    ]
+    files = {SCRIPT: sbatch_script(spec), "config.json": spec.config_json()}
+    return Export("slurm", f"sbatch {SCRIPT}", files, "\n".join(text), spec)

@@ -1,0 +1,318 @@
+"""Run a training function headless: `python -m gpu_lab.run_entry module:function --config cfg.json`.
+
+This is what every exported command runs, once per rank: under torchrun (and `accelerate launch`,
+which starts torchrun's agent), under Slurm's srun (one task per GPU), in a Kubernetes pod, or
+alone. No kernel is listening, so each rank records its own metrics:
+
+- every rank binds a Receiver on loopback in its own process and points gpu_lab.report at it
+  (`GPU_LAB_EVENTS`), so `report()` keeps its never-block promise; the receiver thread writes the
+  rank's metrics into the run registry (SQLite in WAL mode with a busy timeout: concurrent writers
+  wait their turn instead of failing). No address has to be agreed between ranks or nodes.
+- local rank 0 of each node creates (or, after a restart or a Slurm requeue, revives) the node's
+  registry row: kind "torchrun" / "slurm" / "python", the node rank, the number of nodes, the
+  launcher's pid (so `gpu_lab.launch.stop_run` and lost-run detection work as for notebook runs).
+- the run id is the same on every rank of a node without any exchange: it is derived from the
+  launcher process (torchrun's agent) or from the Slurm job id, or given with `--run-id`.
+- the outcome lands in the registry: succeeded; failed with the rank's exception; or stopped when
+  the training toolkit's PreemptionGuard exits with 143 (Slurm then requeues, see gpu_lab.export).
+
+TensorBoard logging is the training toolkit's (TrainConfig.tensorboard, under output_dir).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import signal
+import socket
+import sqlite3
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_PREEMPTED = 0, 1, 2, 143
+
+
+@dataclass
+class Topology:
+    """Where this process sits in the job, from the launcher's environment."""
+
+    launcher: str          # "torchrun" | "slurm" | "python"
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int
+    num_nodes: int
+    launcher_pid: int      # torchrun's agent; this process under srun or alone
+
+    @property
+    def is_node_leader(self) -> bool:
+        return self.local_rank == 0
+
+
+def _int_env(env: dict, key: str, default: int | None = None) -> int:
+    raw = env.get(key)
+    if raw is None or raw == "":
+        if default is None:
+            raise ValueError(f"environment variable {key} is not set")
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {key}={raw!r} is not an integer") from None
+
+
+def detect_topology(env: dict | None = None) -> Topology:
+    """Read the rank layout that torchrun or srun set. Under srun (no torchrun), set the
+    variables torch.distributed and accelerate read (RANK, LOCAL_RANK, WORLD_SIZE, ...) from
+    Slurm's, in `env` (os.environ by default)."""
+    env = os.environ if env is None else env
+    if "LOCAL_RANK" in env and "RANK" in env and "WORLD_SIZE" in env:
+        world = _int_env(env, "WORLD_SIZE")
+        local_world = _int_env(env, "LOCAL_WORLD_SIZE", world)
+        rank = _int_env(env, "RANK")
+        nodes = _int_env(env, "GROUP_WORLD_SIZE", max(1, world // max(1, local_world)))
+        node = _int_env(env, "GROUP_RANK", _int_env(env, "NODE_RANK", rank // max(1, local_world)))
+        return Topology("torchrun", rank, _int_env(env, "LOCAL_RANK"), world, local_world, node,
+                        nodes, os.getppid())
+    # Only inside an srun step (SLURM_STEP_NUM_TASKS): the batch script itself also sees
+    # SLURM_PROCID=0 and the allocation's SLURM_NTASKS, and must not wait for ranks that no one
+    # started.
+    if "SLURM_PROCID" in env and _int_env(env, "SLURM_STEP_NUM_TASKS", 1) > 1:
+        world = _int_env(env, "SLURM_STEP_NUM_TASKS")
+        nodes = _int_env(env, "SLURM_STEP_NUM_NODES", _int_env(env, "SLURM_NNODES", 1))
+        if world % nodes:
+            raise ValueError(f"SLURM_STEP_NUM_TASKS={world} is not a multiple of the step's "
+                             f"{nodes} node(s): use --ntasks-per-node (one task per GPU) so "
+                             "every node runs as many ranks")
+        if nodes > 1 and not env.get("MASTER_ADDR"):
+            raise ValueError("running under srun on several nodes, but MASTER_ADDR is not set: "
+                             "export MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" "
+                             "| head -n 1) in the batch script (the exported one does)")
+        rank, local = _int_env(env, "SLURM_PROCID"), _int_env(env, "SLURM_LOCALID")
+        node = _int_env(env, "SLURM_NODEID", 0)
+        env.update({"RANK": str(rank), "LOCAL_RANK": str(local), "WORLD_SIZE": str(world),
+                    "LOCAL_WORLD_SIZE": str(world // nodes), "GROUP_RANK": str(node),
+                    "NODE_RANK": str(node)})
+        env.setdefault("MASTER_ADDR", "127.0.0.1")
+        env.setdefault("MASTER_PORT", str(29500 + _int_env(env, "SLURM_JOB_ID", 0) % 1000))
+        return Topology("slurm", rank, local, world, world // nodes, node, nodes, os.getpid())
+    return Topology("python", 0, 0, 1, 1, 0, 1, os.getpid())
+
+
+def derive_run_id(topo: Topology, explicit: str | None = None, env: dict | None = None) -> str:
+    """The registry id of this node's run, the same on every local rank without any exchange:
+    `--run-id`, else `slurm-<job id>` (a requeued job continues its row), else a timestamp and a
+    hash of the launcher process (host, pid, start time). Nodes after the first get `-node<k>`."""
+    env = os.environ if env is None else env
+    if explicit:
+        base = explicit
+    elif topo.launcher == "slurm" and env.get("SLURM_JOB_ID"):
+        base = f"slurm-{env['SLURM_JOB_ID']}"
+    else:
+        import psutil
+
+        try:
+            started = psutil.Process(topo.launcher_pid).create_time()
+        except psutil.Error:
+            started = 0.0
+        digest = hashlib.sha1(f"{socket.gethostname()}:{topo.launcher_pid}:{started:.3f}"
+                              .encode()).hexdigest()[:6]
+        base = time.strftime("%Y%m%d-%H%M%S-", time.localtime(started or time.time())) + digest
+    return base if topo.num_nodes == 1 or topo.node_rank == 0 else f"{base}-node{topo.node_rank}"
+
+
+class RegistrySink:
+    """Receiver subscriber: writes this rank's metric events into the registry, on the receiver's
+    thread (never the training thread)."""
+
+    def __init__(self, registry: Any, run_id: str) -> None:
+        self.registry = registry
+        self.run_id = run_id
+        self.seen = 0
+        self.written = 0
+        self.errors = 0
+
+    def __call__(self, events: list) -> None:
+        from .stream import events as ev
+
+        rows = [(self.run_id, e["rank"], e.get("step"), e["t"], k, v)
+                for e in events if e["kind"] == ev.METRIC
+                for k, v in e["data"].items() if isinstance(v, (int, float))]
+        try:
+            self.written += self.registry.add_metrics(rows)
+        except sqlite3.Error as exc:  # a full disk must not stop training; it is reported at exit
+            self.errors += 1
+            print(f"gpu_lab.run_entry: metrics not written to {self.registry.path}: {exc}",
+                  file=sys.stderr, flush=True)
+        self.seen += len(events)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m gpu_lab.run_entry",
+        description="Run a training function on this rank (under torchrun, accelerate launch, "
+                    "srun, or alone) and record its metrics in the gpu_lab run registry.")
+    p.add_argument("entry", metavar="MODULE:FUNCTION",
+                   help="the training function, e.g. gpu_lab.train:train_classifier; it is called "
+                        "as fn(config) with --config, else fn()")
+    p.add_argument("--config", metavar="CONFIG.json", help="a TrainConfig as JSON (TrainConfig.to_json)")
+    p.add_argument("--run-id", help="registry id of the run (default: derived from the launcher; "
+                                    "slurm-<job id> under Slurm)")
+    p.add_argument("--name", help="run name shown in the registry (default: the function's name)")
+    return p.parse_args(argv)
+
+
+def load_config(path: str):
+    from .config import TrainConfig
+
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"--config: {path!r} is not a file (cwd: {os.getcwd()})")
+    try:
+        return TrainConfig.from_json(p.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--config {path!r}: not valid JSON ({exc})") from None
+
+
+def _raise_stop(signum, frame) -> None:
+    """SIGTERM (torchrun's shutdown, `stop_run`, a scheduler) ends a function that has no
+    preemption guard of its own as 'stopped' rather than as a silent death. fit() installs its
+    own PreemptionGuard while it runs (checkpoint first) and restores this handler afterwards."""
+    raise SystemExit(EXIT_PREEMPTED)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    # --- everything is checked before anything starts --------------------------------------------
+    from .export.entry import EntryError, resolve_entry
+
+    try:
+        config = load_config(args.config) if args.config else None
+        fn = resolve_entry(args.entry)
+        topo = detect_topology()
+        run_id = derive_run_id(topo, args.run_id)
+    except (EntryError, ValueError, TypeError) as exc:
+        print(f"gpu_lab.run_entry: {exc}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+
+    from .registry import Registry, home
+    from .stream import events as ev
+    from .stream import reporter as rep
+    from .stream.receiver import Receiver
+
+    registry = Registry()
+    run_dir = home() / "runs" / run_id
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    if topo.is_node_leader:
+        _open_row(registry, run_id, topo, config, run_dir,
+                  args.name or getattr(fn, "__name__", "run"))
+
+    receiver = Receiver()
+    sink = RegistrySink(registry, run_id)
+    receiver.subscribe(run_id, sink)
+    os.environ.update({ev.ENV_RUN_ID: run_id, ev.ENV_ADDRESS: receiver.address,
+                       ev.ENV_RUN_DIR: str(run_dir)})
+    rep.reset_reporter()
+    reporter = rep.get_reporter()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _raise_stop)
+
+    status, code, error = "succeeded", EXIT_OK, None
+    try:
+        result = fn(config) if config is not None else fn()
+        if topo.rank == 0:
+            _write_result(run_dir, result)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_FAILED)
+        if code == EXIT_PREEMPTED:
+            status, error = "stopped", f"rank {topo.rank}: {exc or 'stopped by SIGTERM'}"
+        elif code != 0:
+            status, error = "failed", f"rank {topo.rank}: SystemExit({exc.code!r})"
+    except KeyboardInterrupt:
+        status, code, error = "stopped", 130, f"rank {topo.rank}: interrupted (SIGINT)"
+    except BaseException as exc:  # noqa: BLE001 - recorded, then the process fails
+        from .launch import triage
+
+        failure = triage.from_exception(topo.rank, exc)
+        failure.pid = os.getpid()
+        (run_dir / "errors").mkdir(exist_ok=True)
+        (run_dir / "errors" / f"rank{topo.rank}.json").write_text(json.dumps(failure.to_dict()))
+        traceback.print_exc()
+        status, code = "failed", EXIT_FAILED
+        error = f"rank {topo.rank}: {type(exc).__name__}: {exc}"
+    finally:
+        _drain(reporter, receiver, sink)
+
+    _close_row(registry, run_id, topo, status, error)
+    if sink.errors:
+        print(f"gpu_lab.run_entry: rank {topo.rank}: {sink.errors} metric batch(es) could not be "
+              "written to the registry", file=sys.stderr, flush=True)
+    return code
+
+
+def _open_row(registry: Any, run_id: str, topo: Topology, config: Any, run_dir: Path,
+              name: str) -> None:
+    """Create this node's row, or revive it (a torchrun restart, a Slurm requeue)."""
+    import psutil
+
+    try:
+        started = psutil.Process(topo.launcher_pid).create_time()
+    except psutil.Error:
+        started = None
+    if registry.get_run(run_id) is None:
+        registry.create_run(run_id, name=name, config=config.to_dict() if config else None,
+                            num_processes=topo.local_world_size, num_nodes=topo.num_nodes,
+                            node_rank=topo.node_rank, run_dir=str(run_dir),
+                            output_dir=config.output_dir if config else None, kind=topo.launcher,
+                            status="running")
+    registry.update(run_id, status="running", ended=None, error=None, host=socket.gethostname(),
+                    pid=topo.launcher_pid, pgid=None, pid_started=started)
+
+
+def _close_row(registry: Any, run_id: str, topo: Topology, status: str, error: str | None) -> None:
+    """Record this rank's outcome in the node's row. A failure on any rank wins (the first one
+    keeps its message: a dead rank makes the others fail with "connection closed"); a stop (a
+    preemption, or torchrun ending the other ranks after one failed) never hides a failure; a
+    success is local rank 0's word and only ends a row that is still active."""
+    if status == "failed":
+        row = registry.get_run(run_id)
+        if row is None or row["status"] != "failed":  # the first failure is the root cause;
+            registry.set_status(run_id, "failed", error=error)  # the others follow from it
+        return
+    if status == "succeeded" and not topo.is_node_leader:
+        return
+    row = registry.get_run(run_id)
+    if row is not None and row["status"] in ("pending", "running", "stopping"):
+        registry.set_status(run_id, status, error=error)
+
+
+def _write_result(run_dir: Path, result: Any) -> None:
+    import pickle
+
+    from .launch.supervisor import write_atomic
+
+    try:
+        payload = pickle.dumps(result)
+    except Exception:  # noqa: BLE001 - an unpicklable result is not a failed run
+        return
+    write_atomic(run_dir / "result.pkl", payload)
+
+
+def _drain(reporter: Any, receiver: Any, sink: RegistrySink, timeout: float = 5.0) -> None:
+    """Hand the last reports to the receiver and let its thread write them, then close it."""
+    reporter.close(timeout / 2)
+    deadline = time.monotonic() + timeout
+    while sink.seen < reporter.sent and time.monotonic() < deadline:
+        time.sleep(0.01)
+    receiver.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

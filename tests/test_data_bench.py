@@ -1,0 +1,70 @@
+"""The loader benchmark end to end (tiny sizes: this checks the plumbing, bench/loader.py measures),
+and the page-cache eviction that its cold runs rely on."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from gpu_lab.cli import main
+from gpu_lab.data.bench import BenchReport
+from gpu_lab.data.pagecache import evict, resident_fraction
+
+
+def test_bench_loader_cli_reports_every_measurement(tmp_path, capsys):
+    rc = main(["bench", "loader", "--n", "96", "--image-size", "40", "--crop-size", "32",
+               "--workers", "1", "--batch-size", "16", "--steps", "3", "--work-dir", str(tmp_path),
+               "--json"])
+    assert rc == 0
+    d = json.loads(capsys.readouterr().out)
+    assert set(d["rates"]) == {"naive_warm", "per_file_warm", "shards_warm", "per_file_cold",
+                               "shards_cold", "limit"}
+    assert all(v > 0 for v in d["rates"].values())
+    assert set(d["ratios"]) == {"shards_vs_naive", "shards_vs_limit", "shards_vs_per_file_warm",
+                                "shards_vs_per_file_cold"}
+    assert 0.0 <= d["data_wait"]["shards"] <= 1.0 and 0.0 <= d["data_wait"]["naive"] <= 1.0
+    assert d["n_images"] == 96 and d["num_shards"] >= 1 and d["writer_images_per_minute"] > 0
+    assert 0.5 < d["image_zstd_ratio"] < 2.0
+    assert (tmp_path / "last_report.json").exists()
+    assert not list(tmp_path.glob("shards-*")), "temporary shards must be removed"
+    # the table names every figure and checks the issue's targets
+    report = BenchReport.from_dict(d)
+    table = report.table()
+    for text in ("naive per-file PIL (warm)", "gpu_lab shard_loader (cold)", "pipeline limit",
+                 "shards_vs_naive", "(>= 2:", "data-wait fraction", "zstd: shard files"):
+        assert text in table
+
+
+def test_bench_help_lists_loader(capsys):
+    assert main(["bench"]) == 2
+    assert "loader" in capsys.readouterr().out
+
+
+def _fs_type(path: Path) -> str:
+    best, kind = "", ""
+    with open("/proc/mounts") as f:
+        for line in f:
+            _, mnt, fstype, *_ = line.split()
+            if str(path).startswith(mnt) and len(mnt) > len(best):
+                best, kind = mnt, fstype
+    return kind
+
+
+def test_evict_drops_files_from_the_page_cache(tmp_path):
+    if _fs_type(tmp_path.resolve()) == "tmpfs":
+        pytest.skip("tmp_path is on tmpfs, whose files live only in the page cache")
+    files = []
+    for i in range(3):
+        p = tmp_path / f"f{i}"
+        p.write_bytes(os.urandom(256 * 1024))
+        files.append(p)
+    for p in files:
+        p.read_bytes()
+    assert resident_fraction(files) > 0.9
+    assert evict(files) == 3
+    assert resident_fraction(files) < 0.1
+    for p in files:
+        p.read_bytes()
+    assert resident_fraction(files) > 0.9

@@ -1,0 +1,281 @@
+"""shard_loader on real shards: exactly-once over ranks x workers, bad shards, no DDP hang, clear
+errors, and a third-party WebDataset shard."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+import torch
+
+import gpu_lab
+from gpu_lab.data import (ShardError, ShardManifest, create_dataloader, make_synthetic_images,
+                          normalize_batch, run_seed_snippet, shard_loader, write_shards)
+
+import data_fns
+
+ROOT = Path(__file__).resolve().parents[1]
+TESTDATA = ROOT.parent / "shared" / "testdata"
+SAMPLE = TESTDATA / "webdataset-sample.tgz"
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    root = tmp_path_factory.mktemp("images")
+    make_synthetic_images(root, 100, image_size=20, num_classes=4, seed=0)
+    return root
+
+
+@pytest.fixture(scope="module")
+def shards(images, tmp_path_factory):
+    """9 shards of uneven sizes (12 x 8 + 4)."""
+    out = tmp_path_factory.mktemp("shards") / "s"
+    write_shards(images, out, maxcount=12, progress=False)
+    return out
+
+
+def _all_keys(n: int) -> list[str]:
+    return [f"{i:08d}" for i in range(n)]
+
+
+def _copy_shards(src: Path, dst: Path) -> ShardManifest:
+    dst.mkdir()
+    for p in src.iterdir():
+        (dst / p.name).write_bytes(p.read_bytes())
+    return ShardManifest.load(dst)
+
+
+# ------------------------------------------------------------------------------ exactly once
+
+def test_two_ranks_two_workers_see_every_image_exactly_once(shards, tmp_path):
+    """2 real rank processes (RANK/WORLD_SIZE as a launcher sets them), 2 workers each, 2 epochs."""
+    procs = []
+    for rank in (0, 1):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2")
+        procs.append(subprocess.Popen(
+            [sys.executable, str(Path(data_fns.__file__)), "read_keys", str(shards),
+             str(tmp_path / f"rank{rank}.json")], env=env, stderr=subprocess.PIPE, text=True))
+    for p in procs:
+        _, err = p.communicate(timeout=180)
+        assert p.returncode == 0, err
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [(r["rank"], r["world_size"]) for r in results] == [(0, 2), (1, 2)]
+    orders = []
+    for epoch in (0, 1):
+        per_rank = [r["epochs"][epoch] for r in results]
+        keys = per_rank[0]["keys"] + per_rank[1]["keys"]
+        assert sorted(keys) == _all_keys(100), f"epoch {epoch}: duplicates or gaps"
+        assert not set(per_rank[0]["keys"]) & set(per_rank[1]["keys"])
+        for r in per_rank:
+            assert r["batches"] == r["len"], "len(loader) must match the batches delivered"
+        orders.append(per_rank[0]["keys"])
+    assert orders[0] != orders[1], "shuffling must change between epochs"
+
+
+def test_one_process_epoch_sizes_and_eval_order(shards):
+    loader = shard_loader(shards, 16, train=False, image_size=16, num_workers=0, rank=0, world_size=1,
+                          return_keys=True)
+    keys = [k for _, _, ks in loader for k in ks]
+    again = [k for _, _, ks in loader for k in ks]
+    assert keys == again and sorted(keys) == _all_keys(100)  # eval: fixed order, every sample
+    assert loader.classes == ShardManifest.load(shards).classes
+    assert "ShardLoader(shards=9, rank=0/1" in repr(loader)
+
+
+# ------------------------------------------------------------------------------ bad shards
+
+def test_truncated_shard_raises_naming_it(shards, tmp_path):
+    bad = tmp_path / "bad"
+    m = _copy_shards(shards, bad)
+    victim = bad / m.shards[3].name
+    data = victim.read_bytes()
+    victim.write_bytes(data[: len(data) // 2 + 700])  # cut inside a member
+    loader = shard_loader(bad, 8, train=True, image_size=16, num_workers=2, rank=0, world_size=1)
+    with pytest.raises(ShardError, match=rf"shard {victim}: TarFormatError: unexpected end of data"):
+        for _ in loader:
+            pass
+    victim.write_bytes(data[: 2560 * 5])  # cut exactly between samples: tar alone cannot tell
+    loader = shard_loader(bad, 8, train=True, image_size=16, num_workers=2, rank=0, world_size=1)
+    with pytest.raises(ShardError, match=rf"shard {victim}: EOFError: ended after 5 of the 12 "
+                                         rf"samples the manifest lists"):
+        for _ in loader:
+            pass
+
+
+def test_truncated_shard_warn_policy_continues_and_counts_the_loss(shards, tmp_path, caplog):
+    bad = tmp_path / "bad"
+    m = _copy_shards(shards, bad)
+    victim = bad / m.shards[3].name
+    with tarfile.open(victim) as t:
+        names = [x.name for x in t]
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2 + 700])
+    loader = shard_loader(bad, 8, train=True, image_size=16, num_workers=0, rank=0, world_size=1,
+                          handler="warn", return_keys=True)
+    keys = [k for _, _, ks in loader for k in ks]
+    lost = set(n.split(".")[0] for n in names) - set(keys)
+    assert 0 < len(lost) < 12
+    assert sorted(keys + sorted(lost)) == _all_keys(100)
+    assert loader.stats.skipped_samples == len(lost) and loader.stats.errors == 1
+    assert f"shard {victim}" in caplog.text
+
+
+def test_warn_policy_counts_across_worker_processes(shards, tmp_path):
+    bad = tmp_path / "bad"
+    m = _copy_shards(shards, bad)
+    for i in (1, 6):  # two broken shards, likely read by different workers
+        v = bad / m.shards[i].name
+        v.write_bytes(v.read_bytes()[:700])
+    loader = shard_loader(bad, 8, train=False, image_size=16, num_workers=2, rank=0, world_size=1,
+                          handler="warn")
+    n = sum(len(y) for _, y in loader)
+    assert n + loader.stats.skipped_samples == 100
+    assert loader.stats.errors == 2 and loader.stats.skipped_samples == 24
+
+
+def test_corrupt_image_raises_naming_shard_and_sample_or_is_skipped(shards, tmp_path):
+    bad = tmp_path / "bad"
+    m = _copy_shards(shards, bad)
+    victim = bad / m.shards[2].name
+    with tarfile.open(victim) as t:
+        member = next(x for x in t if x.name.endswith(".jpg"))
+    raw = bytearray(victim.read_bytes())
+    raw[member.offset_data:member.offset_data + 64] = bytes(64)  # JPEG header zeroed, tar intact
+    victim.write_bytes(bytes(raw))
+    key = member.name.split(".")[0]
+    loader = shard_loader(bad, 8, train=False, image_size=16, num_workers=2, rank=0, world_size=1)
+    with pytest.raises(ShardError, match=rf"shard {victim}: sample '{key}'"):
+        list(loader)
+    loader = shard_loader(bad, 8, train=False, image_size=16, num_workers=2, rank=0, world_size=1,
+                          handler="warn", return_keys=True)
+    keys = [k for _, _, ks in loader for k in ks]
+    assert key not in keys and len(keys) == 99
+    assert loader.stats.skipped_samples == 1
+
+
+def test_corrupt_tar_header_is_caught(shards, tmp_path):
+    bad = tmp_path / "bad"
+    m = _copy_shards(shards, bad)
+    victim = bad / m.shards[0].name
+    raw = bytearray(victim.read_bytes())
+    with tarfile.open(victim) as t:
+        third = list(t)[4]
+    raw[third.offset + 100:third.offset + 108] = b"garbage!"
+    victim.write_bytes(bytes(raw))
+    with pytest.raises(ShardError, match=rf"shard {victim}: TarFormatError: corrupt tar header"):
+        list(shard_loader(bad, 8, train=False, image_size=16, num_workers=0, rank=0, world_size=1))
+
+
+# ------------------------------------------------------------------------------ ranks, DDP
+
+def test_too_few_shards_message_gives_the_numbers(images, tmp_path):
+    write_shards(images, tmp_path / "three", maxcount=34, progress=False)  # 3 shards
+    with pytest.raises(ValueError) as e:
+        shard_loader(tmp_path / "three", 8, num_workers=2, rank=1, world_size=2)
+    msg = str(e.value)
+    assert "3 shard(s) for 2 rank(s) x 2 worker(s) = 4 readers" in msg
+    assert "resampled=True" in msg
+    loader = shard_loader(tmp_path / "three", 8, num_workers=2, rank=1, world_size=2, resampled=True)
+    assert len(loader) == 100 // (2 * 8)
+
+
+def test_resampled_gives_every_rank_the_same_number_of_batches(shards):
+    """Without resampling these uneven shards give the two ranks different batch counts (the
+    DDP hang); with resampling both get exactly epoch_size // (world * batch) batches."""
+    plain = [len(shard_loader(shards, 8, num_workers=1, rank=r, world_size=2)) for r in (0, 1)]
+    assert plain[0] != plain[1]
+    counts = []
+    for r in (0, 1):
+        loader = shard_loader(shards, 8, num_workers=2, rank=r, world_size=2, resampled=True,
+                              image_size=16)
+        assert len(loader) == 100 // 16
+        counts.append([sum(1 for _ in loader) for _ in range(2)])
+    assert counts == [[6, 6], [6, 6]]
+    loader = shard_loader(shards, 8, num_workers=0, rank=0, world_size=1, resampled=True,
+                          epoch_size=40, image_size=16)
+    assert len(loader) == 5 and sum(1 for _ in loader) == 5
+
+
+def test_two_rank_gloo_training_on_uneven_shards_finishes(shards):
+    """Through gpu_lab.launch, the path users take: 2 gloo ranks, DDP all-reduce each step."""
+    run = gpu_lab.launch(data_fns.train_on_shards, str(shards), num_processes=2, name="shards-ddp")
+    try:
+        status = run.wait(240)
+    finally:
+        if not run.done:
+            run.stop()
+    steps = {r: run.metrics.count("loss", r) for r in (0, 1)}  # a hang shows as steps < 12
+    assert status == "succeeded", (f"{status}, steps reported per rank {steps}: " + run.logs(None)
+                                   + run.logs(0) + run.logs(1))
+    ranks = sorted(run.result()["ranks"])
+    assert [r[0] for r in ranks] == [0, 1] and [r[3:] for r in ranks] == [[0, 2], [1, 2]]
+    steps = {r[1] for r in ranks}
+    assert steps == {2 * (100 // 16)}, ranks  # 2 epochs x 6 batches, on both ranks
+
+
+# ------------------------------------------------------------------------------ options
+
+def test_uint8_output_normalized_later_equals_float_output(shards):
+    kw = dict(train=False, image_size=16, num_workers=0, rank=0, world_size=1)
+    xf, yf = next(iter(shard_loader(shards, 10, **kw)))
+    xu, yu = next(iter(shard_loader(shards, 10, output="uint8", **kw)))
+    assert xu.dtype == torch.uint8 and xf.dtype == torch.float32
+    assert torch.equal(yf, yu) and torch.allclose(normalize_batch(xu), xf, atol=1e-5)
+
+
+@pytest.mark.parametrize("augment", ["none", "basic", "autoaugment"])
+def test_augment_levels_give_training_batches(shards, augment):
+    x, y = next(iter(shard_loader(shards, 8, image_size=16, augment=augment, num_workers=0,
+                                  rank=0, world_size=1)))
+    assert x.shape == (8, 3, 16, 16) and x.dtype == torch.float32 and y.dtype == torch.long
+    assert torch.isfinite(x).all()
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"augment": "heavy"}, r"augment='heavy': expected one of \['none', 'basic', 'autoaugment'\]"),
+    ({"handler": "ignore"}, r"handler='ignore': expected one of \['raise', 'warn'\]"),
+    ({"output": "fp16"}, r"output='fp16'"),
+    ({"batch_size": 0}, r"batch_size=0"),
+    ({"rank": 2, "world_size": 2}, r"rank=2: expected an int in \[0, 1\]"),
+    ({"epoch_size": 10}, r"epoch_size is only used with resampled=True"),
+])
+def test_bad_arguments_are_named(shards, kwargs, match):
+    args = {"batch_size": 8, "num_workers": 0, "rank": 0, "world_size": 1} | kwargs
+    with pytest.raises(ValueError, match=match):
+        shard_loader(shards, **args)
+
+
+# ------------------------------------------------------------------------------ real data
+
+@pytest.fixture
+def sample_shard():
+    if not SAMPLE.exists():
+        pytest.skip(f"third-party shard not present: {SAMPLE} (the ../shared/testdata folder of the "
+                    f"project checkout)")
+    return SAMPLE
+
+
+def test_third_party_shard_decodes_all_90_samples(sample_shard):
+    loader = shard_loader(str(sample_shard), 32, train=False, image_size=28, num_workers=0,
+                          return_keys=True)
+    images, labels, keys = [], [], []
+    for x, y, k in loader:
+        images.append(x)
+        labels += y.tolist()
+        keys += k
+    x = torch.cat(images)
+    assert x.shape == (90, 3, 28, 28)  # grey 28 px PNGs come out as RGB
+    assert len(set(keys)) == 90 and all(0 <= c <= 9 for c in labels) and len(set(labels)) > 5
+    with pytest.raises(TypeError, match="length unknown"):
+        len(loader)
+
+
+def test_seed_snippet_fails_and_the_corrected_one_works(sample_shard):
+    err = run_seed_snippet(str(sample_shard))
+    assert isinstance(err, NameError) and "DataLoader" in str(err)
+    x, y = next(iter(create_dataloader(str(sample_shard), batch_size=10, num_workers=1,
+                                       image_size=24)))
+    assert x.shape == (10, 3, 24, 24) and x.dtype == torch.float32 and y.shape == (10,)

@@ -1,0 +1,59 @@
+"""Multi-node from the notebook: one gpu_lab.launch call per node, meeting at one rendezvous.
+
+Two "nodes" on 127.0.0.1, one process each, launched as two separate calls (as a user would run
+the same cell on two machines) with the c10d rendezvous: they must form one group of world size 2,
+and the registry must show one row per node with its node rank.
+"""
+from __future__ import annotations
+
+import pytest
+
+import gpu_lab
+from gpu_lab.launch import free_port
+from gpu_lab.registry import Registry
+
+import export_fns
+
+
+def test_two_nodes_one_process_each_rendezvous_with_c10d():
+    cfg = gpu_lab.TrainConfig(max_steps=4)
+    kw = dict(num_processes=1, num_nodes=2, master_addr="127.0.0.1", port=free_port(),
+              rdzv_backend="c10d", config=cfg)
+    node0 = gpu_lab.launch(export_fns.train_tiny, cfg, node_rank=0, name="node0", **kw)
+    node1 = gpu_lab.launch(export_fns.train_tiny, cfg, node_rank=1, name="node1", **kw)
+    try:
+        for run in (node0, node1):
+            assert run.wait(180) == "succeeded", (run.logs(None, 40), run.logs(0, 40),
+                                                  run.logs(1, 40))
+    finally:
+        for run in (node0, node1):
+            run.stop(grace=1.0)
+    res = node0.result()  # global rank 0 runs on node 0
+    assert (res["world_size"], res["distributed_type"], res["node_rank"]) == (2, "MULTI_CPU", 0)
+    p0, p1 = res["params"]
+    assert p0 == pytest.approx(p1, abs=1e-7), "the nodes trained separate models"
+    assert node1.result() is None  # node 1 holds global rank 1 only
+    reg = Registry()
+    rows = {r: reg.get_run(run.id) for r, run in ((0, node0), (1, node1))}
+    for node_rank, row in rows.items():
+        assert (row["num_nodes"], row["node_rank"], row["num_processes"], row["status"]) == \
+            (2, node_rank, 1, "succeeded")
+    # each node's receiver saw its own rank: global rank 0 on node 0, global rank 1 on node 1
+    assert {m["rank"] for m in reg.metrics(node0.id, "loss")} == {0}
+    assert {m["rank"] for m in reg.metrics(node1.id, "loss")} == {1}
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(num_nodes=0), ["num_nodes", ">= 1", "0"]),
+    (dict(num_nodes=2, node_rank=2, port=29411), ["node_rank", "[0, 1]", "2"]),
+    (dict(num_nodes=2, node_rank=-1, port=29411), ["node_rank"]),
+    (dict(num_nodes=2, node_rank=1), ["port is required"]),
+    (dict(num_nodes=2, node_rank=1, port=29411, rdzv_backend="etcd"), ["rdzv_backend", "'c10d'"]),
+])
+def test_bad_node_layout_is_refused_before_anything_starts(kwargs, words):
+    before = {r["id"] for r in Registry().list_runs()}
+    with pytest.raises(ValueError) as info:
+        gpu_lab.launch(export_fns.train_tiny, num_processes=1, **kwargs)
+    for w in words:
+        assert w in str(info.value), (w, str(info.value))
+    assert {r["id"] for r in Registry().list_runs()} == before, "a run was registered anyway"
