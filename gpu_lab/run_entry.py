@@ -14,7 +14,8 @@ alone. No kernel is listening, so each rank records its own metrics:
 - the run id is the same on every rank of a node without any exchange: it is derived from the
   launcher process (torchrun's agent) or from the Slurm job id, or given with `--run-id`.
 - the outcome lands in the registry: succeeded; failed with the rank's exception; or stopped when
-  the training toolkit's PreemptionGuard exits with 143 (Slurm then requeues, see gpu_lab.export).
+  the training toolkit's PreemptionGuard exits with 143 (Slurm then requeues, see gpu_lab.export),
+  or when SIGTERM / SIGUSR1 arrive outside fit() (also exit 143).
 
 TensorBoard logging is the training toolkit's (TrainConfig.tensorboard, under output_dir).
 """
@@ -181,11 +182,29 @@ def load_config(path: str):
         raise ValueError(f"--config {path!r}: not valid JSON ({exc})") from None
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
 def _raise_stop(signum, frame) -> None:
-    """SIGTERM (torchrun's shutdown, `stop_run`, a scheduler) ends a function that has no
-    preemption guard of its own as 'stopped' rather than as a silent death. fit() installs its
-    own PreemptionGuard while it runs (checkpoint first) and restores this handler afterwards."""
-    raise SystemExit(EXIT_PREEMPTED)
+    """SIGTERM (torchrun's shutdown, `stop_run`, a scheduler) or SIGUSR1 (Slurm's warning before
+    the time limit) outside fit() ends the rank as 'stopped' with exit code 143, so that the
+    sbatch script requeues it, rather than as a silent death (SIGUSR1's default action kills the
+    process: a warning that arrives while the ranks still import torch would lose the job).
+    fit() installs its own PreemptionGuard while it runs (checkpoint first) and restores this
+    handler afterwards."""
+    raise Stopped(signum)
+
+
+class Stopped(SystemExit):
+    """A stop signal arrived outside the training toolkit's guard; exits with 143."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(EXIT_PREEMPTED)
+        self.signum = signum
+
+    def __str__(self) -> str:
+        return (f"stopped by {signal.Signals(self.signum).name} outside fit()'s preemption guard "
+                f"(exit code {EXIT_PREEMPTED}); no checkpoint was written by gpu_lab")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -222,7 +241,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     rep.reset_reporter()
     reporter = rep.get_reporter()
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _raise_stop)
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, _raise_stop)
 
     status, code, error = "succeeded", EXIT_OK, None
     try:
@@ -232,7 +252,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_FAILED)
         if code == EXIT_PREEMPTED:
-            status, error = "stopped", f"rank {topo.rank}: {exc or 'stopped by SIGTERM'}"
+            status, error = "stopped", f"rank {topo.rank}: {exc}"
         elif code != 0:
             status, error = "failed", f"rank {topo.rank}: SystemExit({exc.code!r})"
     except KeyboardInterrupt:
@@ -248,6 +268,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         status, code = "failed", EXIT_FAILED
         error = f"rank {topo.rank}: {type(exc).__name__}: {exc}"
     finally:
+        if threading.current_thread() is threading.main_thread():
+            for sig in STOP_SIGNALS:  # a second signal must not cut the bookkeeping short;
+                signal.signal(sig, signal.SIG_IGN)  # it takes seconds, SIGKILL still works
         _drain(reporter, receiver, sink)
 
     _close_row(registry, run_id, topo, status, error)

@@ -101,6 +101,26 @@ def collective_timeout(timeout_s: float = 2.0):
     return None
 
 
+def profile_slow_loop(path: str) -> str:
+    """A few training steps over SlowDataset under torch.profiler; writes a Chrome trace."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, schedule
+    from torch.utils.data import DataLoader
+
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 64),
+                                torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(SlowDataset(64, 0.003), batch_size=8)
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=1, active=4),
+                 on_trace_ready=lambda p: p.export_chrome_trace(path)) as prof:
+        for x, y in loader:
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+            prof.step()
+    return path
+
+
 # ----------------------------------------------------------------------------- NVML double
 
 class FakeTopologyNVML(FakeNVML):

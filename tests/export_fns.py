@@ -41,12 +41,14 @@ def train_tiny(config=None):
             "params": every.tolist(), "node_rank": int(os.environ.get("GROUP_RANK", "0"))}
 
 
-def fails_on_rank1(config=None):
-    acc = gpu_lab.accelerator()
+def rank1_fails_rank0_waits(config=None):
+    """No torch: rank 1 raises at once; rank 0 waits until torchrun's shutdown (SIGTERM) ends it."""
     gpu_lab.report(0, loss=1.0)
-    if acc.process_index == 1:
+    if int(os.environ["RANK"]) == 1:
         raise ValueError("rank one broke on purpose")
-    acc.wait_for_everyone()  # rank 0 waits here until rank 1's death ends the job
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
     return "unreachable"
 
 
@@ -73,12 +75,16 @@ def train_until_preempted(config=None):
     return fit(torch.nn.Linear(8, 2), data, config, callbacks=[AnnouncePid()])
 
 
-def sigterm_self(config=None):
+def sigterm_self(config=None, sig=signal.SIGTERM):
     """A plain function (no fit, no guard) that gets SIGTERM: run_entry records 'stopped'."""
     gpu_lab.report(0, loss=1.0)
-    os.kill(os.getpid(), signal.SIGTERM)
+    os.kill(os.getpid(), sig)
     time.sleep(30)
     return "unreachable"
+
+
+def sigusr1_self(config=None):
+    return sigterm_self(config, signal.SIGUSR1)
 
 
 not_callable = 42

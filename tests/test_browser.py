@@ -130,6 +130,11 @@ def _run_scenario(page, lab, launch_idx: int) -> None:  # noqa: C901 (one story,
     cells = nb.locator(".jp-Notebook .jp-Cell")
     launch_cell = cells.nth(launch_idx)
     prompt = launch_cell.locator(".jp-InputArea-prompt")
+    # the tutorial is stored with outputs (plots included): clear them, so that what the test
+    # sees below is what this run draws
+    page.click(".lm-MenuBar-itemLabel:text-is('Edit')")
+    page.click(".lm-Menu-itemLabel:text-is('Clear Outputs of All Cells')")
+    page.wait_for_function("(el) => !/\\d/.test(el.innerText)", arg=prompt.element_handle())
     for attempt in range(2):
         cells.nth(0).click()
         page.keyboard.press("Escape")  # command mode

@@ -94,6 +94,7 @@ def test_damaged_newest_is_skipped(tmp_path, damage):
     assert ck.latest_checkpoint(root).step == 1
 
 
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
 def test_unlisted_and_malicious_pickles_are_never_executed(tmp_path):
     marker = tmp_path / "pwned"
 
@@ -118,6 +119,7 @@ def test_unlisted_and_malicious_pickles_are_never_executed(tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
 def test_fit_refuses_a_malicious_checkpoint(tmp_path):
     """Resume through fit(): the manifest checks out, the optimizer file is a code-running pickle."""
     from gpu_lab.config import TrainConfig

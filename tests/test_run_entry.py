@@ -98,18 +98,51 @@ def test_sigterm_without_a_guard_is_recorded_as_stopped(tmp_path):
     assert out.returncode == 143, out.stderr[-2000:]
     row = Registry(tmp_path / "home" / "registry.db").get_run("term")
     assert row["status"] == "stopped"
+    assert row["error"].startswith("rank 0: stopped by SIGTERM outside fit()'s preemption guard")
+
+
+def test_slurm_warning_before_fit_starts_still_requeues(tmp_path):
+    """SIGUSR1's default action kills a process: a time-limit warning that arrives while the ranks
+    still start up must end them with 143 (requeue), not with 138 (lost)."""
+    out = run_entry(tmp_path, "export_fns:sigusr1_self", "--run-id", "usr1")
+    assert out.returncode == 143, out.stderr[-2000:]
+    row = Registry(tmp_path / "home" / "registry.db").get_run("usr1")
+    assert row["status"] == "stopped" and "SIGUSR1" in row["error"]
 
 
 def test_torchrun_rank_failure_fails_the_run_and_names_the_rank(tmp_path):
-    job = export(TrainConfig(), "export_fns:fails_on_rank1", "torchrun", nproc_per_node=2,
-                 out_dir=tmp_path)
+    job = export(TrainConfig(), "export_fns:rank1_fails_rank0_waits", "torchrun",
+                 nproc_per_node=2, out_dir=tmp_path)
     out = subprocess.run(job.argv, cwd=tmp_path, env=job_env(tmp_path / "home"),
                          capture_output=True, text=True, timeout=240, start_new_session=True)
     assert out.returncode != 0
     [row] = Registry(tmp_path / "home" / "registry.db").list_runs()
-    # rank 0 is then ended by torchrun (a stop): it must not hide rank 1's failure
+    # torchrun then ends rank 0 with SIGTERM (a stop): that must not hide rank 1's failure
     assert row["status"] == "failed", row
-    assert "rank 1: ValueError: rank one broke on purpose" in row["error"]
+    assert row["error"] == "rank 1: ValueError: rank one broke on purpose"
+    assert {m["rank"] for m in Registry(tmp_path / "home" / "registry.db").metrics(
+        row["id"], "loss")} == {0, 1}
+
+
+@pytest.mark.parametrize("outcomes, status, error", [
+    ([(0, "succeeded", None)], "succeeded", None),
+    ([(1, "succeeded", None)], "running", None),  # only local rank 0 declares success
+    ([(1, "failed", "rank 1: first"), (0, "failed", "rank 0: closed by peer")], "failed",
+     "rank 1: first"),                            # the first failure is the root cause
+    ([(1, "failed", "rank 1: boom"), (0, "stopped", "rank 0: stop")], "failed", "rank 1: boom"),
+    ([(0, "succeeded", None), (1, "failed", "rank 1: late")], "failed", "rank 1: late"),
+    ([(0, "stopped", "rank 0: preempted"), (0, "succeeded", None)], "stopped", "rank 0: preempted"),
+])
+def test_rank_outcomes_combine_into_one_status(tmp_path, outcomes, status, error):
+    from gpu_lab.run_entry import _close_row
+
+    reg = Registry(tmp_path / "r.db")
+    reg.create_run("r", status="running")
+    for local_rank, st, err in outcomes:
+        topo = Topology("torchrun", local_rank, local_rank, 2, 2, 0, 1, os.getpid())
+        _close_row(reg, "r", topo, st, err)
+    row = reg.get_run("r")
+    assert (row["status"], row["error"]) == (status, error)
 
 
 def test_topology_from_torchrun_and_slurm_environments():

@@ -19,7 +19,6 @@ import torch
 from safetensors.torch import load_file
 
 import train_dist_script as script
-from gpu_lab.config import TrainConfig
 from gpu_lab.models import build
 from gpu_lab.train import fit
 from train_helpers import one_thread  # noqa: F401 - fixture
@@ -69,10 +68,17 @@ def _assert_same(a: dict, b: dict, atol: float) -> float:
     return worst
 
 
-def test_grad_accumulation_on_two_gloo_ranks_equals_one_batch_of_32(tmp_path):
+@pytest.fixture(scope="module")
+def notebook_launch(tmp_path_factory) -> Path:
+    """One notebook_launcher launch of 2 ranks that runs the "accum" then the "zero" script."""
+    out = tmp_path_factory.mktemp("notebook_launch")
+    _run([sys.executable, str(SCRIPT), "notebook", "accum,zero", str(out), "2"])
+    return out
+
+
+def test_grad_accumulation_on_two_gloo_ranks_equals_one_batch_of_32(notebook_launch, tmp_path):
     """notebook_launcher, 2 ranks × 4 micro-batches × 4 samples vs 1 process × batch 32."""
-    out = tmp_path / "two_ranks"
-    _run([sys.executable, str(SCRIPT), "notebook", "accum", str(out), "2"])
+    out = notebook_launch / "accum"
     summary = json.loads((out / "summary_rank0.json").read_text())
     assert summary["num_processes"] == 2 and summary["global_batch"] == 32
     r0, r1 = _params(out / "rank0.safetensors"), _params(out / "rank1.safetensors")
@@ -136,9 +142,8 @@ def test_sigterm_preemption_exits_143_and_resume_is_exact(tmp_path):
     _assert_same(_params(interrupted / "rank0.safetensors"), _params(interrupted / "rank1.safetensors"), 0)
 
 
-def test_zero_and_powersgd_on_two_ranks(tmp_path):
-    out = tmp_path / "zero"
-    _torchrun("zero", out)
+def test_zero_and_powersgd_on_two_ranks(notebook_launch):
+    out = notebook_launch / "zero"
     _assert_same(_params(out / "rank0.safetensors"), _params(out / "rank1.safetensors"), 0)
     info = json.loads((out / "fit_info_rank0.json").read_text())
     assert info["optimizer"] == "ZeroRedundancyOptimizer"

@@ -353,3 +353,22 @@ def test_resume_with_a_longer_run_follows_the_new_schedule(tmp_path):
     from gpu_lab.train.schedules import cosine
 
     assert seen[0] == pytest.approx(0.01 * cosine(5, 8, 0))  # not the 4-step schedule's 0
+
+
+# --- data from gpu_lab.data -------------------------------------------------------------------------
+def test_train_classifier_on_webdataset_shards(tmp_path):
+    """data_dir with train/ and val/ shard folders: fit uses gpu_lab.data.shard_loader's per-rank
+    batches as they are (no second sharding by accelerate)."""
+    from gpu_lab.data import make_synthetic_images, write_shards
+
+    for split, n, seed in (("train", 96, 0), ("val", 32, 1)):
+        make_synthetic_images(tmp_path / f"img_{split}", n, image_size=16, num_classes=4, seed=seed)
+        write_shards(tmp_path / f"img_{split}", tmp_path / "shards" / split, maxcount=16,
+                     progress=False)
+    c = cfg(tmp_path, data_dir=str(tmp_path / "shards"), batch_size=16, grad_accum_steps=4,
+            max_steps=None, epochs=2, augment="none", lr=3e-3)
+    s = train_classifier(c)
+    # 96 samples = 6 batches of 16 per epoch: one full step of 4, the 2 left over are dropped
+    assert s["steps"] == 2 and s["epoch"] == 2 and s["total_steps"] == 2
+    assert s["accuracy"] is not None and 0.0 <= s["accuracy"] <= 1.0
+    assert s["checkpoint"].endswith("step_000000002")

@@ -85,3 +85,15 @@ def test_fit_refuses_before_building_anything(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="mixed_precision"):
         fit(torch.nn.Linear(1, 1), data, {"mixed_precision": "fp16", "output_dir": str(out)})
     assert not out.exists()
+
+
+def test_bf16_on_a_pre_ampere_gpu_is_refused(monkeypatch):
+    """NVML reports compute capability 7.5 (a T4): bf16 has no hardware support there."""
+    import gpu_lab.train.validate as v
+
+    monkeypatch.setattr(v, "min_compute_capability", lambda: (7, 5))  # an NVML answer double
+    with pytest.raises(ConfigError, match="compute capability 7.5"):
+        validate({"mixed_precision": "bf16"}, gpu_count=1)
+    monkeypatch.setattr(v, "min_compute_capability", lambda: (9, 0))
+    assert validate({"mixed_precision": "bf16"}, gpu_count=1).mixed_precision == "bf16"
+    assert validate({"mixed_precision": "bf16"}, gpu_count=0).mixed_precision == "bf16"  # CPU bf16

@@ -162,6 +162,16 @@ def test_slow_redraws_wait_longer():
     c.t += 0.6
     assert f.maybe_flush() and f.flushes == 2 and f.busy == pytest.approx(0.1)
 
+    def very_slow_redraw():
+        c.t += 1.0
+
+    g = Flusher(very_slow_redraw, max_hz=4, clock=c, max_share=0.02)
+    g.mark()
+    g.maybe_flush()
+    g.mark()
+    c.t += Flusher.MAX_WAIT
+    assert g.maybe_flush()  # 1.0 / 0.02 = 50 s, but never more than MAX_WAIT
+
 
 def test_at_most_4_flushes_per_second_under_10k_events_per_second():
     clock = Clock()
@@ -411,3 +421,26 @@ def test_dashboard_of_a_live_run_stops_telemetry_at_the_end():
     wait_for(lambda: "succeeded" in d.info.status_line.value, what="the final status line")
     assert d.gpupanel.on_sample not in shared._subs
     d.close()
+
+
+def test_error_box_shows_each_failed_rank_and_the_triage():
+    import html
+
+    from gpu_lab.launch.triage import RunError, from_exception
+    from gpu_lab.widgets import RunInfo
+
+    try:
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    except RuntimeError as e:
+        failure = from_exception(1, e)
+    run = RunDouble(status="failed")
+    run.error = RunError([failure])
+    info = RunInfo(run)
+    box = info.error_box.value
+    assert info.error_box.layout.display is None
+    assert "rank 1: RuntimeError" in box and "[out of memory]" in box
+    assert "What to try (out of memory)" in box
+    assert all(html.escape(s) in box for s in failure.suggestions)
+    assert "<details><summary>traceback</summary>" in box and "Tried to allocate" in box
+    assert "log of rank 0" in info.rank_logs[0].value and "log of rank 1" in info.rank_logs[1].value
+    assert repr(info) == "RunInfo(run='run-double', status='failed')"

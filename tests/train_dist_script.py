@@ -1,7 +1,8 @@
 """Training scripts for the multi-process tests of gpu_lab.train (run as real processes).
 
     python tests/train_dist_script.py <mode> <out_dir>                  # under torchrun, or by hand
-    python tests/train_dist_script.py notebook <mode> <out_dir> <n>     # via notebook_launcher
+    python tests/train_dist_script.py notebook <mode>[,<mode>…] <out_dir> <n>
+                                         # via notebook_launcher; results in <out_dir>/<mode>
 
 Modes:
   accum      tiny_vit, 4 micro-batches of 4 per rank, SGD, 3 steps (global batch 32 on 2 ranks)
@@ -128,10 +129,17 @@ def main(mode: str, out: str) -> dict:
     return summary
 
 
+def main_many(modes: str, out: str) -> None:
+    """Several modes one after the other in the same processes (one launch, one process group):
+    results under out/<mode>."""
+    for mode in modes.split(","):
+        main(mode, str(Path(out) / mode))
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "notebook":
         from accelerate import notebook_launcher
 
-        notebook_launcher(main, args=(sys.argv[2], sys.argv[3]), num_processes=int(sys.argv[4]))
+        notebook_launcher(main_many, args=(sys.argv[2], sys.argv[3]), num_processes=int(sys.argv[4]))
     else:
         main(sys.argv[1], sys.argv[2])

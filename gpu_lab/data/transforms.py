@@ -59,7 +59,9 @@ def build_transform(train: bool, image_size: int, augment: str = "basic",
     aug = check_augment(augment)
     if not isinstance(image_size, int) or image_size < 1:
         raise ValueError(f"image_size={image_size!r}: expected a positive int (pixels)")
-    ops: list = [v2.ToImage()]
+    # every per-sample step on uint8, whatever comes in (SyntheticImages yields float in [0, 1]):
+    # RandomErasing's fill below is on the 0-255 scale, and uint8 ops are the cheaper ones
+    ops: list = [v2.ToImage(), v2.ToDtype(torch.uint8, scale=True)]
     if not train or aug is Augment.NONE:
         ops += [v2.Resize(image_size, antialias=True), v2.CenterCrop(image_size)]
     else:

@@ -112,6 +112,11 @@ class Advice:
     target: str | None
     remedies: list[Remedy]
 
+    def __repr__(self) -> str:
+        e = self.estimate
+        return (f"Advice({e.model} @ {e.image_size}px, batch {e.batch_size}, {e.precision}: peak "
+                f"{_gib(e.peak_bytes)}; one GPU holds it: {', '.join(self.fitting()) or 'none'})")
+
     def fitting(self) -> list[str]:
         return [f.gpu for f in self.fits if f.fits_one]
 

@@ -239,8 +239,15 @@ def find_bottleneck(source: Any, *, rank: int | None = 0, skip: int = 1,
         v = s[name][k:] if len(s[name]) > k else s[name]
         return sum(v) / len(v) if v else None
 
-    return make_breakdown(mean(STEP), mean(DATA) or 0.0, fwd_bwd=mean(FWD_BWD),
-                          optimizer=mean(OPTIM), comm=mean(COMM), samples_per_s=mean(SAMPLES),
+    step = mean(STEP)
+    sps = mean(SAMPLES)
+    if s[SAMPLES] and len(s[SAMPLES]) == len(steps):
+        # samples per step from each report, over the mean step time: a mean of the per-report
+        # rates would over-weight short reports
+        per_step = [a * b for a, b in zip(s[SAMPLES][k:], steps[k:])]
+        sps = sum(per_step) / len(per_step) / step if per_step and step else sps
+    return make_breakdown(step, mean(DATA) or 0.0, fwd_bwd=mean(FWD_BWD),
+                          optimizer=mean(OPTIM), comm=mean(COMM), samples_per_s=sps,
                           steps=len(steps) - k)
 
 

@@ -97,7 +97,21 @@ def _gpu_name() -> str | None:
 
 
 def training_flops(model: str, image_size: int, num_classes: int = 1000) -> float:
-    """FLOPs of one training step per image (forward + backward), counted on the meta device."""
+    """FLOPs of one training step per image (forward + backward), counted on the meta device, in
+    a forked child (a backward pass on meta tensors starts autograd threads that would break this
+    process's later forks; see isolate.py)."""
+    import torch  # noqa: F401  (imported before the fork)
+    from torch.utils import flop_counter  # noqa: F401
+
+    from .. import models  # noqa: F401
+    from .isolate import in_child
+
+    if model not in ("tiny_cnn", "tiny_resnet", "tiny_vit"):
+        import torchvision.models  # noqa: F401
+    return in_child(_training_flops, model, image_size, num_classes)
+
+
+def _training_flops(model: str, image_size: int, num_classes: int) -> float:
     import torch
     import torch.nn.functional as F
     from torch.utils.flop_counter import FlopCounterMode

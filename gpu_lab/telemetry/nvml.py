@@ -18,12 +18,10 @@ FASTEST_FIRST order can differ on hosts that mix GPU models).
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 import time
 from typing import Any, Callable, Iterable, Sequence
 
-log = logging.getLogger("gpu_lab.telemetry")
 
 MB = 1024 * 1024
 FROM_ENV = "$CUDA_VISIBLE_DEVICES"  # NVMLSampler(visible=...) default: read the environment

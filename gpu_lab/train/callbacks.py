@@ -4,7 +4,9 @@ The loop calls the hooks below at fixed points, on every rank, in the order the 
 given. Every hook is a documented no-op here, so a callback overrides only what it needs. A hook
 talks back to the loop only through the TrainState: `state.request("checkpoint")`,
 `state.request("stop")`, … Requests are local; the loop makes all ranks agree on them (one small
-all-reduce at each step boundary) before acting, so no rank is left waiting in a collective.
+all-reduce) before acting, so no rank is left waiting in a collective. That happens at logging
+steps (every `log_every` steps, by default every step), where the loop reads the loss anyway —
+the one CPU-GPU sync point per logging step; a request made in between waits for the next one.
 
 Order of calls in fit():
 
@@ -12,8 +14,9 @@ Order of calls in fit():
     ┌ for each optimizer step:
     │   on_step_start
     │   (micro-batches: forward, backward; optimizer step)
-    │   on_step_end            ← requests made here are agreed on right after
+    │   on_step_end
     │   on_log                 (every log_every steps, with the reported scalars)
+    │   (requests agreed on across ranks and acted on: checkpoint, stop, preemption exit, …)
     │   on_checkpoint          (after a checkpoint was written)
     │   on_eval_end            (after an evaluation)
     └
@@ -72,8 +75,7 @@ class Callback:
         """Before the first micro-batch of optimizer step `state.step + 1`."""
 
     def on_step_end(self, state: TrainState) -> None:
-        """After optimizer step `state.step` (already counted). Requests made here are agreed on
-        across ranks right after this hook."""
+        """After optimizer step `state.step` (already counted)."""
 
     def on_log(self, state: TrainState, metrics: dict[str, float]) -> None:
         """Every `log_every` steps, with the scalars just reported."""

@@ -23,9 +23,16 @@ def synthetic_sizes() -> tuple[int, int]:
 
 
 def datasets(config: TrainConfig):
-    """(train, eval) datasets for `config`: synthetic images when data_dir is empty, else an
+    """(train, eval) data for `config`: synthetic images when data_dir is empty; WebDataset shards
+    (gpu_lab.data.shard_loader) when data_dir, or its train/ folder, holds shards; else an
     ImageFolder tree (data_dir/train and data_dir/val if present, else a fixed 90/10 split)."""
     from ..data.transforms import build_transform
+
+    if config.data_dir is not None:
+        root = Path(config.data_dir).expanduser()
+        train_dir = root / "train" if _has_shards(root / "train") else root
+        if _has_shards(train_dir):
+            return _shard_loaders(train_dir, root / "val", config)
 
     train_tf = build_transform(True, config.image_size, config.augment)
     eval_tf = build_transform(False, config.image_size, "none")
@@ -41,6 +48,26 @@ def datasets(config: TrainConfig):
     return _image_folder(Path(config.data_dir).expanduser(), config, train_tf, eval_tf)
 
 
+def _has_shards(d: Path) -> bool:
+    return d.is_dir() and any(True for pat in ("*.tar", "*.tar.zst", "*.tgz", "*.tar.gz")
+                              for _ in d.glob(pat))
+
+
+def _shard_loaders(train_dir: Path, val_dir: Path, config: TrainConfig):
+    """This rank's shard loaders. With several ranks the shards are resampled (drawn with
+    replacement, an equal number of batches per rank): without it, ranks whose shards hold fewer
+    samples run out first and DDP hangs in the next all-reduce."""
+    from ..data import shard_loader
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    kw = dict(image_size=config.image_size, num_workers=config.num_workers, seed=config.seed,
+              resampled=world > 1)
+    train = shard_loader(str(train_dir), config.batch_size, train=True, augment=config.augment, **kw)
+    evaluation = (shard_loader(str(val_dir), config.batch_size, train=False, **kw)
+                  if _has_shards(val_dir) else None)
+    return train, evaluation
+
+
 def _image_folder(root: Path, config: TrainConfig, train_tf, eval_tf):
     import torch
     from torch.utils.data import Subset
@@ -50,9 +77,6 @@ def _image_folder(root: Path, config: TrainConfig, train_tf, eval_tf):
         val = root / "val" if (root / "val").is_dir() else None
         train = ImageFolder(str(root / "train"), transform=train_tf)
         return train, (ImageFolder(str(val), transform=eval_tf) if val else None)
-    if any(root.glob("*.tar")):
-        raise ValueError(f"TrainConfig.data_dir: {root} holds WebDataset shards; train_classifier "
-                         "reads ImageFolder trees. Load the shards with gpu_lab.data and call fit().")
     full_train = ImageFolder(str(root), transform=train_tf)
     full_eval = ImageFolder(str(root), transform=eval_tf)
     if len(full_train.classes) != config.num_classes:

@@ -1,7 +1,9 @@
 """Batches for the fit loop: DataLoaders built from datasets, and (inputs, targets) from a batch.
 
 fit() accepts a map-style Dataset (it then builds the DataLoader, so it can rebuild it with a
-smaller batch after an OOM), an IterableDataset (WebDataset pipelines) or a ready DataLoader.
+smaller batch after an OOM), an IterableDataset, a ready DataLoader (accelerate shards these over
+the ranks), or a loader that already yields this rank's batches (`gpu_lab.data.shard_loader`: an
+iterable with `set_epoch`, see `is_per_rank`), which fit uses as it is.
 """
 from __future__ import annotations
 
@@ -43,6 +45,16 @@ def is_loader(data: Any) -> bool:
     return isinstance(data, DataLoader)
 
 
+def is_per_rank(data: Any) -> bool:
+    """A loader that already yields only this rank's batches (gpu_lab.data.ShardLoader, or any
+    iterable with `set_epoch` that is neither a Dataset nor a DataLoader). accelerate must not
+    shard it again."""
+    from torch.utils.data import DataLoader, Dataset
+
+    return (not isinstance(data, (Dataset, DataLoader)) and hasattr(data, "__iter__")
+            and callable(getattr(data, "set_epoch", None)))
+
+
 def make_loader(data: Any, batch_size: int, *, shuffle: bool, num_workers: int, seed: int,
                 pin_memory: bool = False):
     """A DataLoader over `data` (returned unchanged if it already is one).
@@ -53,7 +65,7 @@ def make_loader(data: Any, batch_size: int, *, shuffle: bool, num_workers: int, 
     import torch
     from torch.utils.data import DataLoader, IterableDataset
 
-    if is_loader(data):
+    if is_loader(data) or is_per_rank(data):
         return data
     if isinstance(data, IterableDataset):
         shuffle = False  # an iterable pipeline shuffles itself (webdataset's shuffle stage)
@@ -83,4 +95,4 @@ def steps_per_epoch(micro_batches: int | None, accum: int) -> int | None:
 
 
 __all__ = ["split_batch", "make_loader", "ignore_stop_signals", "micro_batches_per_epoch",
-           "steps_per_epoch", "is_loader"]
+           "steps_per_epoch", "is_loader", "is_per_rank"]

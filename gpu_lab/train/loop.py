@@ -21,7 +21,7 @@ from ..stream import get_reporter, report
 from . import activation, oom
 from .callbacks import REQUESTS, Callback, CallbackList, TrainState
 from .checkpoint import checkpoint_dir, latest_checkpoint
-from .data import make_loader, micro_batches_per_epoch, split_batch, steps_per_epoch
+from .data import is_per_rank, make_loader, micro_batches_per_epoch, split_batch, steps_per_epoch
 from .guards import NonFiniteLossError, Preempted, PreemptionGuard, default_guards
 from .optim import build_optimizer
 from .profiling import ProfilerWindow
@@ -93,6 +93,7 @@ class _Run:
     """Mutable loop state that survives an OOM retry (what a restart from a step boundary needs)."""
 
     loader: Any = None
+    per_rank: bool = False       # the loader yields this rank's batches already (shard_loader)
     micro: int = 0
     accum: int = 1
     boundary_batch: int = 0      # data position (micro-batches in epoch) at the last step boundary
@@ -153,10 +154,16 @@ def _fit(acc, model, train_data, cfg, eval_data, callbacks, loss_fn, guards, out
     optimizer = build_optimizer(model, cfg, zero=zero)
     run = _Run(micro=cfg.batch_size, accum=cfg.grad_accum_steps)
     pin = acc.device.type == "cuda"
-    raw_loader = make_loader(train_data, run.micro, shuffle=True, num_workers=cfg.num_workers,
-                             seed=cfg.seed, pin_memory=pin)
-    run.loader = acc.prepare(raw_loader)  # sharded: each rank sees len(run.loader) micro-batches
-    spe = steps_per_epoch(micro_batches_per_epoch(run.loader), run.accum)
+    run.per_rank = is_per_rank(train_data)
+    if run.per_rank:  # already this rank's batches: used as they are (batches moved to the device)
+        run.loader = train_data
+        n = micro_batches_per_epoch(run.loader)
+        spe = None if n is None else max(1, n // run.accum)  # only full accumulations step
+    else:
+        raw_loader = make_loader(train_data, run.micro, shuffle=True, num_workers=cfg.num_workers,
+                                 seed=cfg.seed, pin_memory=pin)
+        run.loader = acc.prepare(raw_loader)  # sharded: each rank sees len(run.loader) micro-batches
+        spe = steps_per_epoch(micro_batches_per_epoch(run.loader), run.accum)
     if cfg.max_steps is None and spe is None:
         raise ValueError("TrainConfig.max_steps: the training data has no length (an iterable "
                          "pipeline), so epochs cannot be counted; set max_steps")
@@ -167,7 +174,9 @@ def _fit(acc, model, train_data, cfg, eval_data, callbacks, loss_fn, guards, out
     # only has a full state_dict after a consolidation (and its state is created on the device)
     model, optimizer = acc.prepare(model, optimizer, device_placement=[True, not zero])
     eval_loader = None
-    if eval_data is not None:
+    if eval_data is not None and is_per_rank(eval_data):
+        eval_loader = eval_data
+    elif eval_data is not None:
         eval_loader = acc.prepare(make_loader(eval_data, run.micro, shuffle=False,
                                               num_workers=cfg.num_workers, seed=cfg.seed,
                                               pin_memory=pin))
@@ -224,7 +233,8 @@ def _fit(acc, model, train_data, cfg, eval_data, callbacks, loss_fn, guards, out
             # out of the except block: the traceback (and the tensors its frames hold) is gone
             oom.free_memory()
             smaller = oom.smaller_batch(run.micro, run.accum)
-            if not (cfg.oom_retry and world == 1 and smaller and not _is_loader(train_data)):
+            rebuildable = not (_is_loader(train_data) or run.per_rank)
+            if not (cfg.oom_retry and world == 1 and smaller and rebuildable):
                 raise oom.TrainingOutOfMemoryError(failure)
             _retry_smaller(acc, optimizer, run, state, cfg, train_data, smaller, pin)
 
@@ -247,6 +257,7 @@ def _train(acc, model, optimizer, scheduler, run: _Run, state: TrainState, cbs: 
            loss_fn, eval_loader, train_data) -> None:
     """Optimizer steps from the current position until total_steps, a stop, or an exception."""
     import torch
+    from accelerate.utils import send_to_device
 
     world = acc.num_processes
     channels_last = cfg.channels_last
@@ -266,8 +277,15 @@ def _train(acc, model, optimizer, scheduler, run: _Run, state: TrainState, cbs: 
         # the shuffled order of an epoch depends only on (seed, epoch): resumable without a state
         run.loader.set_epoch(state.epoch)
         skip = run.boundary_batch
-        loader = acc.skip_first_batches(run.loader, skip) if skip else run.loader
-        it = iter(loader)
+        per_rank_len = None
+        if run.per_rank:
+            per_rank_len = micro_batches_per_epoch(run.loader)  # may change with the epoch
+            it = iter(run.loader)
+            for _ in range(skip):  # no sampler to skip with: read past what was trained on
+                next(it, None)
+            acc.step = 0  # accelerate counts micro-batches itself to decide when to sync
+        else:
+            it = iter(acc.skip_first_batches(run.loader, skip) if skip else run.loader)
         state.batch_in_epoch = skip
         if run.pending_rng is not None:
             # after the iterator exists: creating it must not shift the restored RNG streams
@@ -286,6 +304,8 @@ def _train(acc, model, optimizer, scheduler, run: _Run, state: TrainState, cbs: 
                 except StopIteration:
                     break
                 wait += perf() - tw
+                if run.per_rank:
+                    batch = send_to_device(batch, acc.device, non_blocking=True)
                 x, y = split_batch(batch)
                 if channels_last and x.dim() == 4:
                     x = x.contiguous(memory_format=torch.channels_last)
@@ -302,7 +322,15 @@ def _train(acc, model, optimizer, scheduler, run: _Run, state: TrainState, cbs: 
                 if gradient_state.end_of_dataloader:
                     epoch_done = True
                     break
+            if (per_rank_len is not None and got == run.accum
+                    and state.batch_in_epoch + got + run.accum > per_rank_len):
+                epoch_done = True  # what is left of this epoch cannot make a full step
             if got == 0:  # the epoch ended exactly at the last step boundary
+                break
+            if got < run.accum and run.per_rank:
+                # an epoch's leftover micro-batches: no optimizer step happened (accelerate syncs
+                # at the end of the loaders it prepared, not of this one), drop their gradients
+                getattr(optimizer, "optimizer", optimizer).zero_grad(set_to_none=True)
                 break
             # --- an optimizer step is complete ----------------------------------------------------
             scheduler.step()
@@ -453,12 +481,16 @@ def _evaluate(acc, model, loader, loss_fn, run: _Run, state: TrainState, cbs) ->
     samples accelerate repeats to give every rank the same number of batches)."""
     import torch
     import torch.nn.functional as F
+    from accelerate.utils import send_to_device
 
     model.eval()
     correct = total = 0
     loss_sum = 0.0
+    per_rank = is_per_rank(loader)
     with torch.no_grad():
         for batch in loader:
+            if per_rank:
+                batch = send_to_device(batch, acc.device, non_blocking=True)
             x, y = split_batch(batch)
             if state.config.channels_last and x.dim() == 4:
                 x = x.contiguous(memory_format=torch.channels_last)

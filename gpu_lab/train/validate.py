@@ -56,6 +56,12 @@ def validate(config: TrainConfig | Mapping[str, Any], *, num_processes: int | No
     if cfg.mixed_precision == "fp16" and gpu_count == 0:
         raise ConfigError("mixed_precision", "got 'fp16', but this host has no GPU (NVML sees none). "
                           "fp16 autocast with loss scaling needs CUDA; on a CPU use 'bf16' or 'no'.")
+    if cfg.mixed_precision == "bf16" and gpu_count > 0:
+        cc = min_compute_capability()
+        if cc is not None and cc < (8, 0):
+            raise ConfigError("mixed_precision", f"got 'bf16', but this host's GPUs have compute "
+                              f"capability {cc[0]}.{cc[1]}; bf16 needs 8.0 or newer (A100, H100, "
+                              "RTX 30xx…). Use 'fp16' (with loss scaling) or 'no'.")
     if gpu_count > 0 and nproc is not None and nproc > gpu_count:
         raise ConfigError("num_processes", f"got {nproc}, but this host has {gpu_count} GPU(s); "
                           f"accepted: 1..{gpu_count} (one process per GPU)")
@@ -81,4 +87,21 @@ def validate(config: TrainConfig | Mapping[str, Any], *, num_processes: int | No
     return cfg
 
 
-__all__ = ["ConfigError", "validate", "as_config"]
+def min_compute_capability() -> tuple[int, int] | None:
+    """The lowest CUDA compute capability among this host's GPUs, asked of NVML (not torch.cuda,
+    which would initialise CUDA in the kernel); None when NVML cannot tell."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            caps = [tuple(pynvml.nvmlDeviceGetCudaComputeCapability(
+                pynvml.nvmlDeviceGetHandleByIndex(i))) for i in range(pynvml.nvmlDeviceGetCount())]
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - no driver, no NVML: unknown, not an error
+        return None
+    return min(caps) if caps else None
+
+
+__all__ = ["ConfigError", "validate", "as_config", "min_compute_capability"]

@@ -97,6 +97,9 @@ class Field:
     def set(self, value: Any) -> None:
         self.input.value = value if not isinstance(self.input, W.Text) else self._to_text(value)
 
+    def __repr__(self) -> str:
+        return f"Field({self.name!r}, value={self.input.value!r})"
+
     def show_error(self, message: str | None) -> None:
         self.error.value = (f"<span style='color:#b00;font-size:12px'>{html.escape(message)}</span>"
                             if message else "")
@@ -133,6 +136,10 @@ class LaunchPanel(W.VBox):
                             f"{type(config).__name__}")
         if train_fn is not None and not callable(train_fn):
             raise TypeError(f"LaunchPanel train_fn: expected a callable, got {type(train_fn).__name__}")
+        # Importing plotly's FigureWidget takes seconds the first time (it pulls in nbformat and
+        # jsonschema): pay it now, not between the click on Launch and the first plot.
+        from plotly.graph_objs import FigureWidget  # noqa: F401
+
         self.train_fn = train_fn
         self._launcher = launcher
         self._dashboard_kw = dict(dashboard_kw or {})

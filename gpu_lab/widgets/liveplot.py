@@ -186,8 +186,7 @@ class LivePlot(W.VBox):
                            self.log_box],
                           layout=W.Layout(align_items="center", flex_flow="row wrap"))
         super().__init__([controls, self.fig])
-        if attach and run is not None and hasattr(run, "subscribe") and \
-                getattr(run, "status", None) not in FINAL_STATUSES:
+        if attach and run is not None and hasattr(run, "subscribe"):
             self.attach()
 
     # --- data in -----------------------------------------------------------------------------------
@@ -200,6 +199,9 @@ class LivePlot(W.VBox):
         self.run.subscribe(self.on_events)
         get_receiver().add_tick(self.tick)
         self._attached = True
+        # Whatever arrived between the last draw and now (the run may even have ended meanwhile)
+        # is in the run's history: draw it at the next tick; a run that has ended is then left.
+        self._flusher.mark()
         if getattr(self.run, "status", None) in FINAL_STATUSES:
             self._final = True
 
@@ -230,11 +232,14 @@ class LivePlot(W.VBox):
     def tick(self) -> None:
         """Called by the receiver thread about every 0.25 s: redraw if due. After the run ended
         and the last points are drawn, stop following it."""
-        if self._final and getattr(self.run, "status", "succeeded") not in FINAL_STATUSES:
-            return  # a status event ahead of Run._finish; wait for the handle to agree
-        self._flusher.maybe_flush()
-        if self._final and not self._flusher.dirty:
+        if self._final:
+            if getattr(self.run, "status", "succeeded") not in FINAL_STATUSES:
+                return  # a status event ahead of Run._finish; wait for the handle to agree
+            if self._flusher.dirty:
+                self._flusher.flush_now()  # the last points, whatever the throttle says
             self.detach()
+            return
+        self._flusher.maybe_flush()
 
     def flush(self) -> None:
         """Redraw now (the kernel's main thread: construction and the toggles)."""

@@ -66,6 +66,8 @@ def error_html(err: Any) -> str:
             out.append("<details><summary>traceback</summary><pre style='font-size:11px;"
                        f"white-space:pre-wrap'>{html.escape(f.traceback)}</pre></details>")
     first = getattr(err, "first", None)
+    if first is not None and getattr(first, "explanation", ""):  # the triage's exact numbers
+        out.append(f"<div><b>{html.escape(first.explanation)}</b></div>")
     if first is not None and first.suggestions:
         out.append(f"<div><b>What to try ({html.escape(first.category)}):</b><ol style='margin:2px 0'>")
         out += [f"<li>{html.escape(s)}</li>" for s in first.suggestions]

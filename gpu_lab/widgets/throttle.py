@@ -43,10 +43,12 @@ class Flusher:
     thread, `flush_now()` from the kernel's main thread (a toggle was clicked).
 
     `fn` does the actual redraw; calls never overlap. `max_share` caps the CPU the redraws may
-    take: after a redraw that took d seconds the next one waits at least d / max_share, so on a
-    slow or busy machine the plot updates less often instead of slowing training down (the
-    kernel shares the cores with the workers on a CPU-only host).
+    take: after a redraw that took d seconds the next one waits at least d / max_share (at most
+    MAX_WAIT), so on a slow or busy machine the plot updates less often instead of slowing
+    training down (the kernel shares the cores with the workers on a CPU-only host).
     """
+
+    MAX_WAIT = 5.0  # however slow a redraw was, the next one comes within this many seconds
 
     def __init__(self, fn: Callable[[], None], max_hz: float = MAX_HZ,
                  clock: Callable[[], float] = time.monotonic,
@@ -88,5 +90,8 @@ class Flusher:
                 took = max(0.0, now - t0)
                 self.busy += took
                 if self.max_share:
-                    self._not_before = now + took / self.max_share
+                    self._not_before = now + min(took / self.max_share, self.MAX_WAIT)
         return True
+
+    def __repr__(self) -> str:
+        return f"Flusher(flushes={self.flushes}, dirty={self._dirty}, max_share={self.max_share})"
