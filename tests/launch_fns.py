@@ -77,3 +77,16 @@ def rank1_sigkilled():
         acc.backward(loss)
         gpu_lab.report(step, loss=loss.detach())
         time.sleep(0.01)
+
+
+def preempted_at_step(k: int = 2):
+    """What the preemption guard does: checkpoint, then exit 143 on every rank."""
+    import torch
+
+    acc = gpu_lab.accelerator()
+    model = acc.prepare(torch.nn.Linear(4, 1))
+    for step in range(100):
+        if step == k:
+            raise SystemExit(143)
+        acc.backward(model(torch.randn(4, 4)).pow(2).mean())
+        gpu_lab.report(step, loss=1.0)

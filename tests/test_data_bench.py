@@ -22,6 +22,8 @@ def test_bench_loader_cli_reports_every_measurement(tmp_path, capsys):
     assert set(d["rates"]) == {"naive_warm", "per_file_warm", "shards_warm", "per_file_cold",
                                "shards_cold", "limit"}
     assert all(v > 0 for v in d["rates"].values())
+    assert all(v > 0 for v in d["cpu_rates"].values()) and d["naive_limit_one_core"] > 0
+    assert set(d["cpu_ratios"]) == set(d["ratios"])
     assert set(d["ratios"]) == {"shards_vs_naive", "shards_vs_limit", "shards_vs_per_file_warm",
                                 "shards_vs_per_file_cold"}
     assert 0.0 <= d["data_wait"]["shards"] <= 1.0 and 0.0 <= d["data_wait"]["naive"] <= 1.0
@@ -33,6 +35,7 @@ def test_bench_loader_cli_reports_every_measurement(tmp_path, capsys):
     report = BenchReport.from_dict(d)
     table = report.table()
     for text in ("naive per-file PIL (warm)", "gpu_lab shard_loader (cold)", "pipeline limit",
+                 "naive path on one core", "img/CPU-s",
                  "shards_vs_naive", "(>= 2:", "data-wait fraction", "zstd: shard files"):
         assert text in table
 

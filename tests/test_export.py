@@ -20,6 +20,7 @@ from gpu_lab.registry import Registry
 
 from job_utils import TESTS, job_env
 
+@pytest.mark.timeout(600)
 def test_exported_torchrun_command_runs_two_gloo_ranks_into_the_registry(tmp_path):
     cfg = TrainConfig(max_steps=5, lr=0.05, num_processes=2, tensorboard=False)
     job = export(cfg, "export_fns:train_tiny", "torchrun", out_dir=tmp_path / "job")
@@ -27,7 +28,7 @@ def test_exported_torchrun_command_runs_two_gloo_ranks_into_the_registry(tmp_pat
     assert (tmp_path / "job" / "config.json").is_file()
     home = tmp_path / "home"
     out = subprocess.run(job.argv, cwd=tmp_path / "job", env=job_env(home), capture_output=True,
-                         text=True, timeout=240, start_new_session=True)
+                         text=True, timeout=500, start_new_session=True)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
 
     reg = Registry(home / "registry.db")

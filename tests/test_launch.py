@@ -156,3 +156,10 @@ def test_lost_run_is_marked(gpu_lab_home):
     reg.update("ghost", pid=2**22 - 3, pid_started=1.0)  # no such process
     assert reg.get_run("ghost")["status"] == "lost"
     assert gpu_lab.runs()[0]["status"] == "lost"
+
+
+def test_preempted_ranks_make_a_stopped_run_not_a_failed_one():
+    run = gpu_lab.launch(launch_fns.preempted_at_step, 2, num_processes=2)
+    assert run.wait(120) == "stopped"
+    assert run.error is None
+    assert "preempted" in (run.run_dir / "status.json").read_text()

@@ -1,20 +1,25 @@
-"""Multi-node from the notebook: one gpu_lab.launch call per node, meeting at one rendezvous.
+"""Multi-node: two "nodes" on 127.0.0.1, one process each, meeting at one c10d rendezvous.
 
-Two "nodes" on 127.0.0.1, one process each, launched as two separate calls (as a user would run
-the same cell on two machines) with the c10d rendezvous: they must form one group of world size 2,
-and the registry must show one row per node with its node rank.
+From the notebook: two separate gpu_lab.launch calls (as a user would run the same cell on two
+machines). Headless: the exported multi-node torchrun command, run twice. Either way they must form
+one group of world size 2, and the registry must show one row per node with its node rank.
 """
 from __future__ import annotations
+
+import subprocess
 
 import pytest
 
 import gpu_lab
+from gpu_lab.export import export
 from gpu_lab.launch import free_port
 from gpu_lab.registry import Registry
 
 import export_fns
+from job_utils import job_env
 
 
+@pytest.mark.timeout(600)
 def test_two_nodes_one_process_each_rendezvous_with_c10d():
     cfg = gpu_lab.TrainConfig(max_steps=4)
     kw = dict(num_processes=1, num_nodes=2, master_addr="127.0.0.1", port=free_port(),
@@ -41,6 +46,26 @@ def test_two_nodes_one_process_each_rendezvous_with_c10d():
     # each node's receiver saw its own rank: global rank 0 on node 0, global rank 1 on node 1
     assert {m["rank"] for m in reg.metrics(node0.id, "loss")} == {0}
     assert {m["rank"] for m in reg.metrics(node1.id, "loss")} == {1}
+
+
+@pytest.mark.timeout(600)
+def test_exported_multinode_torchrun_command_on_two_nodes(tmp_path):
+    job = export(gpu_lab.TrainConfig(max_steps=3), "export_fns:train_tiny", "torchrun",
+                 num_nodes=2, nproc_per_node=1, port=free_port(), out_dir=tmp_path)
+    env = job_env(tmp_path / "home")
+    env["MASTER_ADDR"] = "127.0.0.1"  # what each node's shell would export
+    # the same command line on both "nodes", through a shell that expands $MASTER_ADDR
+    nodes = [subprocess.Popen(["bash", "-c", job.command], cwd=tmp_path, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              start_new_session=True) for _ in range(2)]
+    logs = [p.communicate(timeout=400)[0] for p in nodes]
+    assert [p.returncode for p in nodes] == [0, 0], "\n".join(log[-2000:] for log in logs)
+    reg = Registry(tmp_path / "home" / "registry.db")
+    rows = sorted(reg.list_runs(), key=lambda r: r["node_rank"])
+    assert [(r["node_rank"], r["num_nodes"], r["status"], r["kind"]) for r in rows] == \
+        [(0, 2, "succeeded", "torchrun"), (1, 2, "succeeded", "torchrun")]
+    assert rows[1]["id"].endswith("-node1")
+    assert [sorted({m["rank"] for m in reg.metrics(r["id"], "loss")}) for r in rows] == [[0], [1]]
 
 
 @pytest.mark.parametrize("kwargs, words", [

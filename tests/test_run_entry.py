@@ -110,11 +110,12 @@ def test_slurm_warning_before_fit_starts_still_requeues(tmp_path):
     assert row["status"] == "stopped" and "SIGUSR1" in row["error"]
 
 
+@pytest.mark.timeout(600)
 def test_torchrun_rank_failure_fails_the_run_and_names_the_rank(tmp_path):
     job = export(TrainConfig(), "export_fns:rank1_fails_rank0_waits", "torchrun",
                  nproc_per_node=2, out_dir=tmp_path)
     out = subprocess.run(job.argv, cwd=tmp_path, env=job_env(tmp_path / "home"),
-                         capture_output=True, text=True, timeout=240, start_new_session=True)
+                         capture_output=True, text=True, timeout=500, start_new_session=True)
     assert out.returncode != 0
     [row] = Registry(tmp_path / "home" / "registry.db").list_runs()
     # torchrun then ends rank 0 with SIGTERM (a stop): that must not hide rank 1's failure
@@ -184,6 +185,7 @@ def _slurm_env(tmp_path: Path, job_id: int, **extra) -> dict:
     return env
 
 
+@pytest.mark.timeout(900)
 def test_slurm_preemption_requeues_and_the_next_attempt_resumes(tmp_path):
     """SIGUSR1 (Slurm's --signal=SIGUSR1@90) to every task → PreemptionGuard checkpoints and exits
     143 → srun returns 143 → the script requeues; the requeued attempt resumes from the checkpoint
@@ -199,10 +201,10 @@ def test_slurm_preemption_requeues_and_the_next_attempt_resumes(tmp_path):
                            start_new_session=True)
     try:
         pid_files = [run_dir / "pids" / f"rank{r}.pid" for r in (0, 1)]
-        wait_until(lambda: all(p.exists() for p in pid_files), 120, what="both ranks training")
+        wait_until(lambda: all(p.exists() for p in pid_files), 300, what="both ranks training")
         for p in pid_files:  # what --signal does: every task of the job step gets the signal
             os.kill(int(p.read_text()), signal.SIGUSR1)
-        log, _ = job.communicate(timeout=120)
+        log, _ = job.communicate(timeout=300)
     finally:
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
@@ -222,7 +224,7 @@ def test_slurm_preemption_requeues_and_the_next_attempt_resumes(tmp_path):
     t_requeue = time.time()
     again = subprocess.run(["bash", "train.sbatch"], cwd=tmp_path,
                            env=_slurm_env(tmp_path, 4343, SLURM_RESTART_COUNT="1"),
-                           capture_output=True, text=True, timeout=180, start_new_session=True)
+                           capture_output=True, text=True, timeout=300, start_new_session=True)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     row = reg.get_run("slurm-4343")
     assert row["status"] == "succeeded" and row["error"] is None, row

@@ -17,7 +17,10 @@ workers and the same augmentation operations (RandomResizedCrop + flip, or + Aut
   spends blocked on `next(loader)`.
 
 Throughput is steady-state: the clock starts when the first batch arrives (worker start-up and the
-shuffle buffer's first fill are excluded for every loader alike).
+shuffle buffer's first fill are excluded for every loader alike). Each figure is also given per
+CPU-second (all processes of the loader, start-up included): on a shared machine, where other jobs
+take cores away, wall-clock img/s says more about the neighbours than about the loader, while
+images per CPU-second stays comparable.
 """
 from __future__ import annotations
 
@@ -64,6 +67,7 @@ class BenchReport:
     data_wait: dict[str, float] = field(default_factory=dict)  # fraction of step time
     cold_resident: dict[str, float] = field(default_factory=dict)  # page-cache share after evict
     limit_one_core: float = 0.0
+    naive_limit_one_core: float = 0.0
     writer_images_per_minute: float = 0.0
     num_shards: int = 0
     zstd_ratio: float | None = None
@@ -122,6 +126,9 @@ class BenchReport:
                 cpu = self.cpu_rates.get(k)
                 lines.append(f"{label:36s} {self.rates[k]:8.0f} {cpu:10.0f}" if cpu else
                              f"{label:36s} {self.rates[k]:8.0f}")
+        if self.naive_limit_one_core:
+            lines.append(f"{'naive path on one core':36s} {self.naive_limit_one_core:8.0f} "
+                         f"{self.cpu_rates.get('naive_limit', 0):10.0f}")
         lines.append("ratios: wall clock (target) | per CPU-second")
         cpu_r = self.cpu_ratios
         for k, v in self.ratios.items():
@@ -233,6 +240,31 @@ def pipeline_limit(encoded: list[bytes], crop_size: int, augment: str, batch_siz
     finally:
         torch.set_num_threads(threads)
     return Pass(rate=len(encoded) / dt, images=len(encoded), cpu_rate=len(encoded) / cpu)
+
+
+def naive_limit(files: list[Path], crop_size: int, augment: str, batch_size: int) -> Pass:
+    """The same one-core measurement for the naive path: PIL open + decode, PIL transforms,
+    ToTensor + Normalize per sample, stack (files on a warm page cache)."""
+    from PIL import Image
+
+    tf = build_pil_transform(True, crop_size, augment)
+
+    def load(p: Path):
+        with Image.open(p) as im:
+            return tf(im.convert("RGB"))
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for p in files[: min(32, len(files))]:
+            load(p)
+        t0, c0 = time.perf_counter(), time.process_time()
+        for i in range(0, len(files), batch_size):
+            torch.stack([load(p) for p in files[i:i + batch_size]])
+        dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+    finally:
+        torch.set_num_threads(threads)
+    return Pass(rate=len(files) / dt, images=len(files), cpu_rate=len(files) / cpu)
 
 
 class _SmallCNN(torch.nn.Module):
@@ -374,6 +406,10 @@ def _measure(data_dir: Path, shard_dir: Path, written, zwritten, classes: list[s
     report.rates["limit"] = limit.rate * max(1, num_workers)
     report.cpu_rates["limit"] = limit.cpu_rate
     _log(progress, f"pipeline limit: {limit.rate:.0f} img/s on one core ({limit.cpu_rate:.0f} img/CPU-s)")
+    nlimit = naive_limit(file_paths[: min(n, 2000)], crop_size, augment, batch_size)
+    report.naive_limit_one_core = nlimit.rate
+    report.cpu_rates["naive_limit"] = nlimit.cpu_rate
+    _log(progress, f"naive path: {nlimit.rate:.0f} img/s on one core ({nlimit.cpu_rate:.0f} img/CPU-s)")
 
     if data_wait_steps > 0:
         for name in ("naive", "shards"):

@@ -102,15 +102,16 @@ class RankEntry:
                     "state). Restart the kernel and keep CUDA calls inside the training function.")
             reporter.status("running", pid=os.getpid())
             result = self.fn(*args)
+        except SystemExit as exc:
+            if exc.code == EXIT_STOPPED:  # preempted: the loop checkpointed and exits 143
+                write_atomic(ranks / f"rank{rank}.preempted", str(time.time()).encode())
+                reporter.status("preempted")
+                reporter.close(1.0)
+                raise
+            self._record_failure(rank, exc, reporter)
+            raise
         except BaseException as exc:  # noqa: BLE001 - recorded, then re-raised for the launcher
-            failure = triage.from_exception(rank, exc)
-            failure.pid = os.getpid()
-            errors = self.run_dir / "errors"
-            errors.mkdir(exist_ok=True)
-            write_atomic(errors / f"rank{rank}.json", json.dumps(failure.to_dict()).encode())
-            traceback.print_exc()
-            reporter.error(failure.to_dict())
-            reporter.close(1.0)
+            self._record_failure(rank, exc, reporter)
             raise
         if rank == 0:
             try:
@@ -122,6 +123,16 @@ class RankEntry:
         sys.stdout.flush()
         sys.stderr.flush()
         return None  # elastic would pickle a return value through a queue: keep it on disk
+
+    def _record_failure(self, rank: int, exc: BaseException, reporter: Any) -> None:
+        failure = triage.from_exception(rank, exc)
+        failure.pid = os.getpid()
+        errors = self.run_dir / "errors"
+        errors.mkdir(exist_ok=True)
+        write_atomic(errors / f"rank{rank}.json", json.dumps(failure.to_dict()).encode())
+        traceback.print_exc()
+        reporter.error(failure.to_dict())
+        reporter.close(1.0)
 
 
 @dataclass
@@ -180,9 +191,14 @@ def supervise(spec: Spec) -> None:
                                   num_nodes=spec.num_nodes, rdzv_backend=spec.rdzv_backend)
             status, code = "succeeded", EXIT_OK
         except BaseException as exc:  # noqa: BLE001 - every outcome is recorded
+            preempted = sorted(p.stem for p in (run_dir / "ranks").glob("*.preempted"))
             if (run_dir / "control" / "stop").exists() or _is_signal(exc):
                 status, code = "stopped", EXIT_STOPPED
                 note = f"stopped ({type(exc).__name__})"
+            elif preempted and not any((run_dir / "errors").glob("rank*.json")):
+                # SIGTERM/SIGUSR1 from a scheduler (spot reclaim, Slurm): checkpointed, resumable
+                status, code = "stopped", EXIT_STOPPED
+                note = f"preempted: {', '.join(preempted)} checkpointed and exited 143"
             else:
                 status, code = "failed", EXIT_FAILED
                 monitor.stop()
