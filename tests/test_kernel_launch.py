@@ -41,6 +41,7 @@ out = dict(
     same_params=max(abs(a - b) for a, b in zip(p0, p1)) < 1e-7,
     metric_ranks=run.metrics.ranks(),
     steps_rank1=run.metrics.count("loss", 1),
+    bad_fork=[v for r in (0, 1) for v in run.metrics.series("bad_fork", r)[1]],
     registry=Registry().get_run(run.id)["status"],
     launch_seconds=launch_seconds,
 )
@@ -82,6 +83,7 @@ def test_launch_from_a_real_kernel_trains_two_ranks_and_stays_free():
     assert res["same_params"] is True
     assert res["metric_ranks"] == [0, 1]
     assert res["steps_rank1"] == 40
+    assert res["bad_fork"] == [0.0] * 80  # every worker of a clean kernel: not in bad-fork state
     assert res["registry"] == "succeeded"
     print(f"gpu_lab.launch returned in {res['launch_seconds'] * 1000:.0f} ms")
     stop = json.loads(_stdout(nb.cells[4]).strip().splitlines()[-1])

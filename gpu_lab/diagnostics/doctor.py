@@ -495,7 +495,8 @@ def fork_safety_info() -> dict:
 
     st = checks.cuda_probe()
     d = {"safe": True, "torch_imported": st.imported, "cuda_initialized": st.initialized,
-         "bad_fork": st.bad_fork, "problem": None, "remedy": None}
+         "bad_fork": st.bad_fork, "fork_poisoned": st.fork_poisoned, "problem": None,
+         "remedy": None}
     try:
         checks.preflight()
     except checks.PreflightError as e:

@@ -25,14 +25,43 @@ class CudaState:
     imported: bool      # torch is imported in this process
     initialized: bool   # torch.cuda is initialised (a CUDA context may exist)
     bad_fork: bool      # this process is itself a fork of a CUDA process
+    fork_poisoned: bool = False  # a child forked now would be in the bad-fork state
+
+
+def _child_would_be_bad_fork() -> bool:
+    """Fork a child that only reports torch's bad-fork flag, then exits.
+
+    torch marks future children as "bad fork" as soon as anything asks the CUDA runtime for a device
+    count — torch.cuda.is_available(), but also AdamW.step(), torch.utils.checkpoint and
+    FakeTensorMode call it — while torch.cuda.is_initialized() stays False. Only a child can tell.
+    The child runs nothing but a flag read, an os.write and os._exit: safe in a threaded kernel.
+    """
+    import os
+
+    torch = sys.modules["torch"]
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.write(w, b"1" if torch._C._cuda_isInBadFork() else b"0")
+        finally:
+            os._exit(0)
+    os.close(w)
+    try:
+        flag = os.read(r, 1)
+    finally:
+        os.close(r)
+        os.waitpid(pid, 0)
+    return flag == b"1"
 
 
 def real_cuda_probe() -> CudaState:
     """Read torch's CUDA state without initialising anything (torch is not imported here)."""
     torch = sys.modules.get("torch")
     if torch is None:
-        return CudaState(False, False, False)
-    return CudaState(True, bool(torch.cuda.is_initialized()), bool(torch._C._cuda_isInBadFork()))
+        return CudaState(False, False, False, False)
+    return CudaState(True, bool(torch.cuda.is_initialized()), bool(torch._C._cuda_isInBadFork()),
+                     _child_would_be_bad_fork())
 
 
 #: What preflight calls to read the CUDA state. Tests swap in gpu_lab.launch.testing.FakeCudaProbe,
@@ -40,7 +69,9 @@ def real_cuda_probe() -> CudaState:
 cuda_probe: Callable[[], CudaState] = real_cuda_probe
 
 
-def check_cuda() -> None:
+def check_cuda(device: str = "cuda") -> None:
+    """Refuse when forked workers could not use CUDA. With device="cpu", a poisoned fork is harmless
+    (the workers never touch CUDA) and is allowed; an initialised context is refused everywhere."""
     st = cuda_probe()
     if st.bad_fork:
         raise PreflightError(
@@ -56,6 +87,15 @@ def check_cuda() -> None:
             "restart the kernel and move every CUDA call into the training function. To ask about "
             "GPUs in the kernel, use gpu_lab.doctor() or gpu_lab.telemetry (NVML, fork-safe), or "
             "set PYTORCH_NVML_BASED_CUDA_CHECK=1 before importing torch.")
+    if st.fork_poisoned and device == "cuda":
+        raise PreflightError(
+            "torch has asked the CUDA runtime for its devices in this kernel (torch.cuda."
+            "is_available(), torch.cuda.device_count(), or an optimizer step / torch.utils."
+            "checkpoint / FakeTensorMode run here), so every forked worker starts in CUDA's "
+            "bad-fork state and cannot use a GPU.",
+            "restart the kernel and run model code only inside the training function; ask NVML "
+            "(gpu_lab.doctor()) about GPUs, or set PYTORCH_NVML_BASED_CUDA_CHECK=1 before "
+            "importing torch.")
 
 
 def check_accelerate_state() -> None:
@@ -87,9 +127,15 @@ def check_imports() -> None:
             "restart the kernel and import it inside the training function.")
 
 
-def preflight() -> None:
-    """Raise PreflightError if forking workers from this process is unsafe; otherwise return."""
-    check_cuda()
+def preflight(device: str | None = None) -> None:
+    """Raise PreflightError if forking workers from this process is unsafe; otherwise return.
+
+    device: "cuda" or "cpu", what the workers will use (default: "cuda" when NVML sees a GPU)."""
+    if device is None:
+        from ..telemetry_probe import gpu_count
+
+        device = "cuda" if gpu_count() > 0 else "cpu"
+    check_cuda(device)
     check_accelerate_state()
     check_imports()
 

@@ -79,9 +79,9 @@ def launch(fn: Callable, *args: Any, num_processes: int | None = None,
                          "master's port); pick one on the master node, e.g. 29400")
 
     # --- the kernel must be safe to fork -----------------------------------------------------------
-    pf.preflight()
     gpus = gpu_count()
     device = "cuda" if gpus > 0 else "cpu"
+    pf.preflight(device)
     if num_processes is None:
         num_processes = gpus if gpus > 0 else 2
         if gpus == 0:

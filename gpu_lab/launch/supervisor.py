@@ -96,7 +96,7 @@ class RankEntry:
         try:
             import torch
 
-            if torch._C._cuda_isInBadFork():
+            if torch._C._cuda_isInBadFork() and os.environ.get(ev.ENV_DEVICE) == "cuda":
                 raise RuntimeError(
                     "CUDA was initialised in the process this worker was forked from (bad-fork "
                     "state). Restart the kernel and keep CUDA calls inside the training function.")
