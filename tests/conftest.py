@@ -19,3 +19,13 @@ def gpu_lab_home(tmp_path, monkeypatch):
     home = tmp_path / "gpu_lab_home"
     monkeypatch.setenv("GPU_LAB_HOME", str(home))
     return home
+
+
+@pytest.fixture(autouse=True)
+def _no_accelerate_state_leaks():
+    """Tests that run fit() or an Accelerator in this process must not leave accelerate's shared
+    state behind: the next gpu_lab.launch would (rightly) refuse to fork from such a process."""
+    yield
+    mod = sys.modules.get("accelerate.state")
+    if mod is not None:
+        mod.AcceleratorState._reset_state(reset_partial_state=True)

@@ -15,7 +15,8 @@ from gpu_lab.data.pagecache import evict, resident_fraction
 
 def test_bench_loader_cli_reports_every_measurement(tmp_path, capsys):
     rc = main(["bench", "loader", "--n", "96", "--image-size", "40", "--crop-size", "32",
-               "--workers", "1", "--batch-size", "16", "--steps", "3", "--work-dir", str(tmp_path),
+               "--workers", "1", "--batch-size", "16", "--steps", "3", "--repeats", "2",
+               "--work-dir", str(tmp_path),
                "--json"])
     assert rc == 0
     d = json.loads(capsys.readouterr().out)

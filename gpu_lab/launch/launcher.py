@@ -78,21 +78,22 @@ def launch(fn: Callable, *args: Any, num_processes: int | None = None,
         raise ValueError("launch: port is required when num_nodes > 1 (every node must use the "
                          "master's port); pick one on the master node, e.g. 29400")
 
-    # --- the kernel must be safe to fork -----------------------------------------------------------
     gpus = gpu_count()
     device = "cuda" if gpus > 0 else "cpu"
+    if device == "cuda" and num_processes is not None and num_processes > gpus:
+        raise ValueError(f"launch: num_processes={num_processes} but this host has {gpus} GPU(s) "
+                         "visible; use at most that many (one process per GPU)")
+    if device == "cpu" and mixed_precision == "fp16":
+        raise ValueError("launch: mixed_precision='fp16' needs a GPU (CPU autocast supports bf16); "
+                         "accepted here: 'no', 'bf16'")
+
+    # --- the kernel must be safe to fork -----------------------------------------------------------
     pf.preflight(device)
     if num_processes is None:
         num_processes = gpus if gpus > 0 else 2
         if gpus == 0:
             print("gpu_lab.launch: NVML reports no GPU; launching 2 CPU processes (gloo).",
                   flush=True)
-    elif device == "cuda" and num_processes > gpus:
-        raise ValueError(f"launch: num_processes={num_processes} but this host has {gpus} GPU(s) "
-                         "visible; use at most that many (one process per GPU)")
-    if device == "cpu" and mixed_precision == "fp16":
-        raise ValueError("launch: mixed_precision='fp16' needs a GPU (CPU autocast supports bf16); "
-                         "accepted here: 'no', 'bf16'")
     if port is None:
         port = pf.free_port(master_addr if master_addr in ("127.0.0.1", "localhost") else "0.0.0.0")
     elif node_rank == 0 and pf.port_in_use(port, "0.0.0.0" if num_nodes > 1 else master_addr):
