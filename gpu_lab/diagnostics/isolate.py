@@ -38,6 +38,10 @@ def in_child(fn: Callable, *args: Any, timeout: float = 600, **kwargs: Any) -> A
             os.dup2(null, 1)
             os.dup2(null, 2)
             sys.stdout = sys.stderr = open(os.devnull, "w")
+            if "torch" in sys.modules:
+                # GNU OpenMP's thread pool does not survive a fork: if the parent ran a parallel
+                # region on several threads, the child's first one hangs. One thread is enough here.
+                sys.modules["torch"].set_num_threads(1)
             try:
                 payload = pickle.dumps(("ok", fn(*args, **kwargs)))
             except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent
