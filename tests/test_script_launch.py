@@ -51,3 +51,27 @@ def test_script_that_exits_early_leaves_no_orphans(tmp_path):
         except psutil.NoSuchProcess:
             pass
     wait_until(lambda: not alive(procs), 10, what="no orphan processes")
+
+
+def test_launch_after_multithreaded_torch_work_in_the_parent_does_not_hang(tmp_path):
+    # GNU OpenMP's thread pool does not survive a fork; ranks forked after the parent ran a parallel
+    # region on 2 threads used to hang at their first one
+    p = _script(tmp_path, """
+        import torch, gpu_lab
+        torch.set_num_threads(2)
+        x = torch.randn(600, 768); w = torch.randn(768, 6, requires_grad=True)
+        (x @ w).sum().backward()
+
+        def step():
+            x = torch.randn(600, 768); w = torch.randn(768, 6, requires_grad=True)
+            (x @ w).sum().backward()
+            return torch.get_num_threads()
+
+        if __name__ == "__main__":
+            for n in (1, 2):
+                run = gpu_lab.launch(step, num_processes=n)
+                print("ranks", n, run.wait(120), run.result() if run.status == "succeeded" else "")
+    """)
+    out = subprocess.run([sys.executable, str(p)], capture_output=True, text=True, timeout=240)
+    assert "ranks 1 succeeded 1" in out.stdout, out.stdout + out.stderr
+    assert "ranks 2 succeeded 1" in out.stdout, out.stdout + out.stderr

@@ -153,14 +153,19 @@ def supervise(spec: Spec) -> None:
             signal.signal(sig, signal.SIG_DFL)
         os.environ.update({ev.ENV_RUN_ID: spec.run_id, ev.ENV_ADDRESS: spec.address,
                            ev.ENV_RUN_DIR: spec.run_dir, ev.ENV_DEVICE: spec.device})
-        if spec.device == "cpu" and spec.num_processes > 1 and "OMP_NUM_THREADS" not in os.environ:
+        user_threads = spec.env.get("OMP_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS")
+        os.environ.update(spec.env)
+        if "torch" in sys.modules:
+            # The kernel has torch loaded, and maybe GNU OpenMP's thread pool from an earlier cell.
+            # That pool does not survive a fork: a rank's first parallel region on several threads
+            # then hangs forever (DataLoader workers set 1 thread for the same reason). So ranks
+            # forked from here run one intra-op thread unless the user asked for more.
+            n = int(user_threads) if user_threads and user_threads.isdigit() else 1
+            os.environ["OMP_NUM_THREADS"] = str(n)
+            sys.modules["torch"].set_num_threads(n)
+        elif spec.device == "cpu" and spec.num_processes > 1 and not user_threads:
             # N ranks × all cores each would oversubscribe the CPU (torchrun does the same)
             os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // spec.num_processes))
-        os.environ.update(spec.env)
-        if "torch" in sys.modules and os.environ.get("OMP_NUM_THREADS", "").isdigit():
-            # torch read OMP_NUM_THREADS when the kernel imported it; the ranks fork from here
-            # and inherit this setting, so set it now or each rank runs all cores' threads
-            sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
         from ..registry import Registry
 
         reg = Registry(spec.registry_path)
