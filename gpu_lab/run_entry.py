@@ -229,9 +229,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     registry = Registry()
     run_dir = home() / "runs" / run_id
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    if topo.is_node_leader:
+    def open_row() -> None:
         _open_row(registry, run_id, topo, config, run_dir,
                   args.name or getattr(fn, "__name__", "run"))
+
+    if topo.is_node_leader:
+        open_row()
 
     receiver = Receiver()
     sink = RegistrySink(registry, run_id)
@@ -273,6 +276,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 signal.signal(sig, signal.SIG_IGN)  # it takes seconds, SIGKILL still works
         _drain(reporter, receiver, sink)
 
+    if status == "failed" and registry.get_run(run_id) is None:
+        # this rank failed before the node leader got as far as creating the row (it may have
+        # been ended by torchrun meanwhile): create it, so the failure is not lost
+        try:
+            open_row()
+        except Exception:  # noqa: BLE001 - the leader created it in the meantime
+            pass
     _close_row(registry, run_id, topo, status, error)
     if sink.errors:
         print(f"gpu_lab.run_entry: rank {topo.rank}: {sink.errors} metric batch(es) could not be "
