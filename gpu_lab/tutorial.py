@@ -85,3 +85,20 @@ def show(obj: Any) -> Any:
     except ImportError:
         print(obj)
     return None
+
+
+def check_output(captured: Any, expected: str) -> None:
+    """Assert that a cell run under `%%capture captured` printed exactly `expected`, then show it.
+
+    The tutorials check their deterministic facts this way (shapes, counts, preflight messages)
+    instead of storing reference outputs in the notebook: a wrong fact fails the cell under nbval.
+    """
+    parts = [captured.stdout]
+    for out in getattr(captured, "outputs", []):
+        text = getattr(out, "data", {}).get("text/plain")
+        if text is not None:
+            parts.append(text + "\n")
+    got = "".join(parts)
+    captured.show()
+    if got != expected:
+        raise AssertionError(f"the cell printed\n{got!r}\nbut the tutorial expects\n{expected!r}")

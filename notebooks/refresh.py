@@ -1,8 +1,8 @@
 """Re-execute tutorial notebooks in quick mode and store them the way git wants them.
 
-Outputs are stripped everywhere except in cells marked `# NBVAL_CHECK_OUTPUT`: those keep their
-(deterministic) output and an execution count, because nbval compares only cells that were run.
-Widget state and other volatile metadata are dropped.
+Every output is stripped: deterministic facts are checked by the notebooks themselves (a cell run
+under `%%capture captured`, then `gpu_lab.tutorial.check_output(captured, expected)`), so a wrong
+fact fails the cell under nbval. Widget state and other volatile metadata are dropped.
 
     .venv/bin/python notebooks/refresh.py notebooks/01_environment_setup.ipynb [...]
     .venv/bin/python notebooks/refresh.py --strip-only notebooks/*.ipynb
@@ -16,25 +16,14 @@ from pathlib import Path
 
 import nbformat
 
-CHECK = "NBVAL_CHECK_OUTPUT"
 KEEP_NB_META = ("kernelspec", "language_info")
 
 
 def strip(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     nb.metadata = {k: v for k, v in nb.metadata.items() if k in KEEP_NB_META}
-    n = 0
     for cell in nb.cells:
         cell.metadata = {k: v for k, v in cell.metadata.items() if k in ("tags",)}
-        if cell.cell_type != "code":
-            continue
-        if CHECK in cell.source and cell.get("outputs"):
-            n += 1
-            cell.execution_count = n
-            for o in cell.outputs:
-                o.pop("metadata", None) if o.get("output_type") == "stream" else None
-                if o.get("output_type") == "execute_result":
-                    o["execution_count"] = n
-        else:
+        if cell.cell_type == "code":
             cell.outputs = []
             cell.execution_count = None
     return nb

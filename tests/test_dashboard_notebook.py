@@ -43,8 +43,7 @@ panel.launch_button.click()
 run = panel.run
 assert run is not None, panel.status.value
 deadline = time.time() + 240
-while run.status not in FINAL and time.time() < deadline:
-    time.sleep(0.2)
+run.wait(240)
 lp, gp = panel.dashboard.liveplot, panel.dashboard.gpupanel
 while time.time() < deadline and not (lp.trace_points("loss", 0) and lp.trace_points("loss", 1)):
     time.sleep(0.1)   # the last points are drawn on the receiver's next tick

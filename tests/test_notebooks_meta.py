@@ -26,10 +26,15 @@ def test_stored_stripped(path):
     for i, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
             continue
-        if "NBVAL_CHECK_OUTPUT" in cell.source:
-            continue  # deterministic reference output, compared by nbval
         assert not cell.outputs and cell.execution_count is None, (
             f"{path.name} cell {i} stores output; run notebooks/refresh.py --strip-only")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_checks_deterministic_facts_in_the_notebook_itself(path):
+    nb = nbformat.read(path, as_version=4)
+    checks = [c for c in nb.cells if c.cell_type == "code" and "check_output(captured" in c.source]
+    assert checks, f"{path.name} checks no deterministic fact"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
