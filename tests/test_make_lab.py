@@ -16,7 +16,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from lab_utils import ARTIFACTS, ROOT, free_port, isolated_env
+from lab_utils import ARTIFACTS, ROOT, Lab, free_port, isolated_env, wait_ready
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -61,6 +61,8 @@ def test_make_lab_serves_both_extensions(tmp_path):
     try:
         token = _wait_for_token(proc, log_path, port)
         base = f"http://127.0.0.1:{port}/"
+        # jupyter_server prints its URL before the io loop binds the socket: wait until it answers
+        wait_ready(Lab(base, token, proc, log_path, home, ROOT / "notebooks"))
 
         status, body = _get(f"{base}lab?token={token}", None)
         assert status == 200
