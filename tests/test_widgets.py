@@ -207,7 +207,7 @@ def test_ema_and_mean_of_ranks():
     assert sm[5] < 10.0 and sm[-1] > 9.0
     steps, _, vals = mean_of_ranks([([0, 1, 2], [0, 1, 2], [1.0, 1.0, 1.0]),
                                     ([0, 2], [0, 2], [3.0, 5.0])])
-    assert steps == [0, 1, 2] and vals == pytest.approx([2.0, 2.5, 3.0])  # rank 1 interpolated
+    assert list(steps) == [0, 1, 2] and list(vals) == pytest.approx([2.0, 2.5, 3.0])  # rank 1 interpolated
 
 
 def test_liveplot_traces_toggles_and_panels():

@@ -78,30 +78,32 @@ def decimate(x: Any, y: Any, n: int) -> tuple[Any, Any]:
     imin = np.take_along_axis(pos, np.argmin(np.where(valid, vals, np.inf), 1)[:, None], 1)
     imax = np.take_along_axis(pos, np.argmax(np.where(valid, vals, -np.inf), 1)[:, None], 1)
     nonempty = hi > lo
-    keep = np.unique(np.concatenate((imin[nonempty, 0], imax[nonempty, 0])))
+    a, b = imin[nonempty, 0], imax[nonempty, 0]
+    # buckets are disjoint and in order: each one's two indices, smaller first, are already sorted
+    pair = np.stack((np.minimum(a, b), np.maximum(a, b)), axis=1)
+    keep = pair.ravel()[np.stack((np.ones(len(a), bool), a != b), axis=1).ravel()]
     idx = np.concatenate(([0], keep, [m - 1]))
     return x[idx], y[idx]
 
 
-def mean_of_ranks(series: list[tuple[list, list, list]]) -> tuple[list, list, list]:
+def mean_of_ranks(series: list[tuple[Any, Any, Any]]) -> tuple[Any, Any, Any]:
     """Mean over ranks on the lowest rank's steps. Each item is (steps, times, values); other ranks
-    are interpolated there (their decimated points need not share steps)."""
+    are interpolated there (their decimated points need not share steps). Float arrays out."""
     import numpy as np
 
-    steps0, times0, vals0 = series[0]
-    if not steps0:
-        return [], [], []
-    grid = np.asarray(steps0, dtype=float)
-    acc = np.asarray(vals0, dtype=float).copy()
+    steps0, times0, vals0 = (np.asarray(a, dtype=float) for a in series[0])
+    if not len(steps0):
+        return steps0, times0, vals0
+    acc = vals0.copy()
     n = np.ones_like(acc)
     for steps, _, vals in series[1:]:
-        if not steps:
+        if not len(steps):
             continue
         xs = np.asarray(steps, dtype=float)
-        inside = (grid >= xs[0]) & (grid <= xs[-1])  # no extrapolation past a rank's data
-        acc[inside] += np.interp(grid[inside], xs, np.asarray(vals, dtype=float))
+        inside = (steps0 >= xs[0]) & (steps0 <= xs[-1])  # no extrapolation past a rank's data
+        acc[inside] += np.interp(steps0[inside], xs, np.asarray(vals, dtype=float))
         n[inside] += 1
-    return list(steps0), list(times0), (acc / n).tolist()
+    return steps0, times0, acc / n
 
 
 class LivePlot(W.VBox):
@@ -112,12 +114,14 @@ class LivePlot(W.VBox):
     LivePlot(history=h) draws a finished run's history once.
 
     Redraws happen at most `max_hz` times a second and take at most `max_share` of one core
-    (a slow redraw makes the next one wait longer; None: no such cap).
+    (a slow redraw makes the next one wait longer; None: no such cap). The default, 1%, keeps a
+    CPU-bound run within 1-2% of its speed without a dashboard on a 2-core host (see
+    bench/dashboard_overhead.py) and still redraws about 3 times a second at the largest history.
     """
 
     def __init__(self, run: Any = None, *, history: MetricHistory | None = None,
                  max_points: int = 2000, x: str = "step", log_y: bool = False,
-                 smoothing: float = 0.0, max_hz: float = MAX_HZ, max_share: float | None = 0.02,
+                 smoothing: float = 0.0, max_hz: float = MAX_HZ, max_share: float | None = 0.01,
                  clock: Callable[[], float] = time.monotonic, height: int = 460,
                  width: int | None = 1000, attach: bool = True) -> None:
         import plotly.graph_objects as go
@@ -139,6 +143,7 @@ class LivePlot(W.VBox):
             self.history, self._owns_history = MetricHistory(capacity=2 * max_points), True
         self._flusher = Flusher(self._redraw, max_hz, clock, max_share)
         self._traces: dict[tuple[str, int], int] = {}
+        self._layout_set: dict[tuple, str] = {}  # layout values _redraw last set
         self.events = 0
         self._final = False
         self._attached = False
@@ -286,24 +291,26 @@ class LivePlot(W.VBox):
         idx = self._traces[(key, rank)] = len(self.fig.data) - 1
         return idx
 
-    def _points(self, metric: str, rank: int) -> tuple[list, list, list]:
+    def _points(self, metric: str, rank: int) -> tuple[Any, Any, Any]:
+        """(steps, times, values) as float arrays, each list converted once per redraw."""
+        import numpy as np
+
         if "/" in metric:  # a ratio of two metrics, on the numerator's steps
             num, den = metric.split("/")
             steps, times, values = self._points(num, rank)
             dsteps, _, dvalues = self._points(den, rank)
-            if not steps or not dsteps:
-                return [], [], []
-            import numpy as np
-
-            d = np.interp(np.asarray(steps, float), np.asarray(dsteps, float),
-                          np.asarray(dvalues, float))
+            if not len(steps) or not len(dsteps):
+                empty = np.empty(0)
+                return empty, empty, empty
+            d = np.interp(steps, dsteps, dvalues)
             with np.errstate(divide="ignore", invalid="ignore"):
-                ratio = np.where(d > 0, np.asarray(values, float) / d, np.nan)
+                ratio = np.where(d > 0, values / d, np.nan)
             return steps, times, ratio
         steps, values = self.history.series(metric, rank)
         times = self.history.times(metric, rank)
         n = min(len(steps), len(times), len(values))  # a write may land between the two reads
-        return steps[:n], times[:n], values[:n]
+        return (np.asarray(steps[:n], dtype=float), np.asarray(times[:n], dtype=float),
+                np.asarray(values[:n], dtype=float))
 
     def _redraw(self) -> None:
         import numpy as np
@@ -328,21 +335,26 @@ class LivePlot(W.VBox):
             xs, ys = decimate(xs, values, self.max_points)
             data[self._traces[(key, rank)]] = (as_dates(xs) if use_time else xs, ys)
         reported = {k for k, *_ in wanted}
+        # Layout changes are rare: compare with what was last set here rather than reading the
+        # figure back (each plotly property read walks its validators: most of a redraw's cost).
+        layout: dict[tuple, str] = {}
+        for i, (key, title, _aliases, _per_rank) in enumerate(PANELS, start=1):
+            layout[("annotations", i)] = title if key in reported else f"{title} (not reported)"
+        for ax in ("xaxis", "xaxis2", "xaxis3", "xaxis4"):
+            layout[(ax,)] = "date" if use_time else "linear"
+        layout[("yaxis",)] = "log" if self.log_box.value else "linear"
+        changed = {k: v for k, v in layout.items() if self._layout_set.get(k) != v}
+        traces = self.fig.data
         with self.fig.batch_update():
             for idx, (xs, ys) in data.items():
-                self.fig.data[idx].x = xs
-                self.fig.data[idx].y = ys
-            for i, (key, title, _aliases, _per_rank) in enumerate(PANELS, start=1):
-                text = title if key in reported else f"{title} (not reported)"
-                if self.fig.layout.annotations[i].text != text:
-                    self.fig.layout.annotations[i].text = text
-            xtype = "date" if use_time else "linear"
-            for ax in ("xaxis", "xaxis2", "xaxis3", "xaxis4"):
-                if self.fig.layout[ax].type != xtype:
-                    self.fig.layout[ax].type = xtype
-            ytype = "log" if self.log_box.value else "linear"
-            if self.fig.layout.yaxis.type != ytype:
-                self.fig.layout.yaxis.type = ytype
+                traces[idx].x = xs
+                traces[idx].y = ys
+            for k, v in changed.items():
+                if k[0] == "annotations":
+                    self.fig.layout.annotations[k[1]].text = v
+                else:
+                    self.fig.layout[k[0]].type = v
+        self._layout_set.update(changed)
 
     # --- inspection --------------------------------------------------------------------------------
     def trace_points(self, metric: str = LOSS, rank: int = 0) -> int:
