@@ -21,7 +21,7 @@ def test_bench_loader_cli_reports_every_measurement(tmp_path, capsys):
     assert rc == 0
     d = json.loads(capsys.readouterr().out)
     assert set(d["rates"]) == {"naive_warm", "per_file_warm", "shards_warm", "per_file_cold",
-                               "shards_cold", "limit"}
+                               "shards_cold", "shards_f32_warm", "limit"}
     assert all(v > 0 for v in d["rates"].values())
     assert all(v > 0 for v in d["cpu_rates"].values()) and d["naive_limit_one_core"] > 0
     assert set(d["cpu_ratios"]) == set(d["ratios"])
@@ -36,6 +36,7 @@ def test_bench_loader_cli_reports_every_measurement(tmp_path, capsys):
     report = BenchReport.from_dict(d)
     table = report.table()
     for text in ("naive per-file PIL (warm)", "gpu_lab shard_loader (cold)", "pipeline limit",
+                 "shard_loader, normalised on CPU (warm)",
                  "naive path on one core", "img/CPU-s",
                  "shards_vs_naive", "(>= 2:", "data-wait fraction", "zstd: shard files"):
         assert text in table

