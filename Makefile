@@ -1,6 +1,7 @@
 # gpu_lab — two commands for a fresh machine:
 #   make lab    install into .venv and start JupyterLab on the tutorials, extension enabled
-#   make test   install into .venv (and Debian's Chromium for the browser tests) and run every test
+#   make test   install into .venv (and Debian's Chromium and Slurm for the browser and export tests)
+#               and run every test
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -10,7 +11,7 @@ STAMP := $(VENV)/.stamp-install
 LAB_PORT ?= 8888
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
-.PHONY: lab test install chromium clean bench
+.PHONY: lab test install chromium slurm clean bench
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -37,11 +38,20 @@ chromium:
 	  else sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; fi; \
 	fi
 
+# Debian's Slurm (controller, node daemon, client, munge): the export test starts a private
+# one-node cluster in a temp dir and asks it `sbatch --test-only` about the generated script.
+SLURM_PKGS := slurmctld slurmd slurm-client munge
+slurm:
+	@if ! command -v sbatch >/dev/null || [ ! -x /usr/sbin/slurmctld ] || [ ! -x /usr/sbin/munged ]; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(SLURM_PKGS) >/dev/null; \
+	  else sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(SLURM_PKGS) >/dev/null; fi; \
+	fi
+
 lab: install
 	$(VENV)/bin/jupyter lab --ip=127.0.0.1 --port=$(LAB_PORT) --notebook-dir=notebooks \
 	  --ServerApp.default_url=/lab/tree/00_overview.ipynb $(ROOT_FLAG)
 
-test: install chromium
+test: install chromium slurm
 	GPU_LAB_QUICK=1 PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(PY) -m pytest -p no:cacheprovider tests notebooks \
 	  --nbval-lax --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg
 

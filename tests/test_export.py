@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ from gpu_lab.config import TrainConfig
 from gpu_lab.export import EntryError, JobSpec, export
 from gpu_lab.registry import Registry
 
+import slurm_utils
 from job_utils import TESTS, job_env
 
 @pytest.mark.timeout(600)
@@ -114,23 +114,19 @@ def test_sbatch_script_passes_bash_n_with_signal_requeue_and_resources(tmp_path)
     assert job.command == "sbatch train.sbatch"
 
 
-def _slurm_controller_up() -> bool:
-    if shutil.which("scontrol") is None:
-        return False
-    ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=30)
-    return " is UP" in ping.stdout
-
-
-@pytest.mark.skipif(shutil.which("sbatch") is None, reason="sbatch not installed (no Slurm client)")
+@pytest.mark.skipif(not slurm_utils.installed(),
+                    reason="Slurm is not installed (`make test` installs Debian's slurmctld, slurmd, "
+                           "slurm-client and munge)")
 def test_sbatch_test_only_accepts_the_script(tmp_path):
-    if not _slurm_controller_up():
-        pytest.skip("sbatch is installed but no Slurm controller answers `scontrol ping`")
+    """A private one-node cluster (slurmctld + slurmd + munged in a temp dir) schedules the
+    generated script: `sbatch --test-only` parses every #SBATCH line and says when it would start."""
     export(TrainConfig(max_steps=10), "export_fns:train_tiny", "slurm", device="cpu",
            nproc_per_node=1, cpus_per_task=1, time_limit="00:05:00", out_dir=tmp_path)
-    out = subprocess.run(["sbatch", "--test-only", "train.sbatch"], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=60)
+    with slurm_utils.private_cluster(tmp_path / "slurm") as env:
+        out = subprocess.run(["sbatch", "--test-only", "train.sbatch"], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "to start at" in out.stdout + out.stderr
+    assert "to start at" in out.stdout + out.stderr and "using 1 processors" in out.stderr, out.stderr
 
 
 def test_accelerate_config_and_command_are_read_by_accelerate(tmp_path):
