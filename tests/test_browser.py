@@ -77,6 +77,7 @@ def test_side_panel_tutorial_launch_and_stop(tmp_path, notebooks, browser):
         page.set_default_timeout(60_000)
         console: list[str] = []
         page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+        page.on("pageerror", lambda e: console.append(f"pageerror: {e}"))
         try:
             _run_scenario(page, lab, launch_idx)
         except BaseException:

@@ -283,12 +283,29 @@ def test_gpupanel_plots_gpus_and_highlights_thresholds():
     s.close()
 
 
+def test_gpupanel_gpus_appearing_later_get_a_figure_with_their_points():
+    host_only = Sampler(interval=0.25, gpu=NVMLSampler(nvml=FakeNVML(init_error="library")))
+    with_gpus = Sampler(interval=0.25, gpu=NVMLSampler(nvml=FakeNVML([FakeGPU(uuid="GPU-a")]),
+                                                        visible=None))
+    p = GPUPanel(sampler=host_only, start=False)
+    assert p.gpu_fig is None
+    for _ in range(3):
+        p.on_sample(with_gpus.sample_once())
+    assert p.gpu_box.layout.display is None and p.gpu_box.children == (p.gpu_fig,)
+    assert hasattr(p.gpu_fig, "comm")  # a widget, built with the points already in it
+    util = next(t for t in p.gpu_fig.data if t.meta and t.meta["metric"] == "util_gpu")
+    assert len(util.y) >= 1
+    p.close()
+    host_only.close()
+    with_gpus.close()
+
+
 def test_gpupanel_host_only():
     s = Sampler(interval=0.25, gpu=NVMLSampler(nvml=FakeNVML(init_error="library")))
     p = GPUPanel(sampler=s)
     wait_for(lambda: p.flushes >= 2, what="two host-only redraws")
     p.stop()
-    assert p.gpu_box.layout.display == "none" and len(p.gpu_fig.data) == 0  # no GPU traces
+    assert p.gpu_box.layout.display == "none" and p.gpu_fig is None  # no GPU figure at all
     assert "host metrics only" in p.notice.value
     assert "<b>host</b> · CPU" in p.table.value and " GiB" in p.table.value
     cpu = next(t for t in p.host_fig.data if t.meta["metric"] == "cpu_pct")

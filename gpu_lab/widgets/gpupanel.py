@@ -68,21 +68,13 @@ class GPUPanel(W.VBox):
 
         self.notice = W.HTML("", layout=W.Layout(display="none"))
         self.table = W.HTML("<i>waiting for the first telemetry sample…</i>")
+        self._height, self._width = height, width
+        self._built = False  # the figures became widgets (they start as plain figures)
+        # The GPU figure exists only once a sample has GPUs: a host without any (CPU-only, no
+        # driver) gets no hidden plotly widget (each one ships plotly.js, ~5 MB, to the browser).
+        self.gpu_fig: Any = None
         # As in LivePlot: layout, traces and the first draw go into the figures before they
         # become widgets, so a view rendered later (or before plotly's module loaded) has them.
-        self.gpu_fig = make_subplots(rows=2, cols=2, subplot_titles=[t for _, t in GPU_PANELS],
-                                     vertical_spacing=0.16, horizontal_spacing=0.08)
-        self.gpu_fig.update_layout(height=height, width=width, margin=dict(l=45, r=15, t=40, b=30),
-                                   template="plotly_white", uirevision="gpu_lab",
-                                   legend=dict(orientation="h", y=1.1, x=1, xanchor="right"))
-        self.gpu_fig.update_xaxes(type="date")
-        self.gpu_fig.update_yaxes(range=[0, 105], row=1)
-        # the thresholds the table highlights
-        self.gpu_fig.add_hline(y=UTIL_LOW_PCT, line=dict(dash="dot", color="#b58900", width=1),
-                               row=1, col=1)
-        self.gpu_fig.add_hline(y=MEM_HIGH_PCT, line=dict(dash="dot", color="#b00", width=1),
-                               row=1, col=2)
-
         self.host_fig = make_subplots(rows=1, cols=3, subplot_titles=[t for _, t in HOST_PANELS],
                                       horizontal_spacing=0.07)
         self.host_fig.update_layout(height=230, width=width, margin=dict(l=45, r=15, t=40, b=30),
@@ -103,9 +95,11 @@ class GPUPanel(W.VBox):
         if not self.samples:  # one sample now, so the panel (and its GPU traces) exist at once
             self.samples.append(self.sampler.sample_once())
         self._flusher.flush_now()
-        self.gpu_fig = go.FigureWidget(self.gpu_fig)
+        if self.gpu_fig is not None:
+            self.gpu_fig = go.FigureWidget(self.gpu_fig)
+            self.gpu_box.children = (self.gpu_fig,)
         self.host_fig = go.FigureWidget(self.host_fig)
-        self.gpu_box.children = (self.gpu_fig,)
+        self._built = True
         super().__init__([self.notice, self.table, self.gpu_box, self.host_fig])
         if start:
             self.start()
@@ -181,7 +175,36 @@ class GPUPanel(W.VBox):
                 self.host_fig.data[i].x = xs
                 self.host_fig.data[i].y = _column([s["host"].get(key) for s in samples])
 
+    def _new_gpu_figure(self) -> Any:
+        from plotly.subplots import make_subplots
+
+        fig = make_subplots(rows=2, cols=2, subplot_titles=[t for _, t in GPU_PANELS],
+                            vertical_spacing=0.16, horizontal_spacing=0.08)
+        fig.update_layout(height=self._height, width=self._width,
+                          margin=dict(l=45, r=15, t=40, b=30), template="plotly_white",
+                          uirevision="gpu_lab", legend=dict(orientation="h", y=1.1, x=1, xanchor="right"))
+        fig.update_xaxes(type="date")
+        fig.update_yaxes(range=[0, 105], row=1)
+        # the thresholds the table highlights
+        fig.add_hline(y=UTIL_LOW_PCT, line=dict(dash="dot", color="#b58900", width=1), row=1, col=1)
+        fig.add_hline(y=MEM_HIGH_PCT, line=dict(dash="dot", color="#b00", width=1), row=1, col=2)
+        return fig
+
     def _redraw_gpus(self, samples: list[dict], xs: list[float], gpus: list[dict]) -> None:
+        if self.gpu_fig is None:
+            self.gpu_fig = self._new_gpu_figure()
+            if self._built:
+                # GPUs showed up after construction (rare): draw into the plain figure first, so
+                # the widget's initial state has the traces and points, then show it
+                self._draw_gpus(samples, xs, gpus)
+                import plotly.graph_objects as go
+
+                self.gpu_fig = go.FigureWidget(self.gpu_fig)
+                self.gpu_box.children = (self.gpu_fig,)
+                return
+        self._draw_gpus(samples, xs, gpus)
+
+    def _draw_gpus(self, samples: list[dict], xs: list[float], gpus: list[dict]) -> None:
         for g in gpus:
             for col, (key, _title) in enumerate(GPU_PANELS):
                 k = (key, g["index"])
@@ -258,7 +281,7 @@ class GPUPanel(W.VBox):
             self.stop()
         for name in ("notice", "table", "gpu_fig", "gpu_box", "host_fig"):
             w = getattr(self, name, None)
-            if w is not None:
+            if w is not None and hasattr(w, "close"):
                 w.close()
         super().close()
 
