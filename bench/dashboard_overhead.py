@@ -64,13 +64,13 @@ def rank0_rate(run, batch_size: int, t0: float = float("-inf"), t1: float = floa
     """Samples/s over all ranks, from rank 0's reports between wall times t0 and t1."""
     steps, _ = run.metrics.series("loss", 0)
     times = run.metrics.times("loss", 0)
-    pts = [(s, t) for s, t in zip(steps, times) if s >= skip]
-    a = bisect.bisect_left([t for _, t in pts], t0)
-    b = bisect.bisect_right([t for _, t in pts], t1) - 1
+    first = bisect.bisect_left(steps, skip)
+    steps, times = steps[first:], times[first:]
+    a = bisect.bisect_left(times, t0)
+    b = bisect.bisect_right(times, t1) - 1
     if b - a < 2:
         raise RuntimeError(f"run {run.id}: only {max(0, b - a + 1)} reports in the window")
-    (s0, u0), (s1, u1) = pts[a], pts[b]
-    return (s1 - s0) * batch_size * run.num_processes / (u1 - u0)
+    return (steps[b] - steps[a]) * batch_size * run.num_processes / (times[b] - times[a])
 
 
 def config(steps: int, batch_size: int) -> TrainConfig:
@@ -135,11 +135,8 @@ def windows(args) -> list[float]:
           f"{args.window_s:g} s (ABBA)", flush=True)
     run = launch(cfg)
     try:
-        deadline = time.monotonic() + 300
-        while run.metrics.count("loss", 0) < args.skip and time.monotonic() < deadline:
-            if run.status in ("succeeded", "failed", "stopped", "lost"):
-                raise RuntimeError(f"run {run.id} {run.status}: {run.error}")
-            time.sleep(0.1)
+        if not run.wait_for_step(args.skip, timeout=300):
+            raise RuntimeError(f"run {run.id} {run.status}: {run.error}")
         c0 = time.process_time()
         dash = Dashboard(run, stop_telemetry_at_end=False)
         build_ms = 1000 * (time.process_time() - c0)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import shutil
 import signal
 import socket
@@ -41,27 +42,25 @@ def _logs(d: Path) -> str:
 
 
 def _kill_pidfile(p: Path, name: str) -> None:
-    """End the daemon whose pid `p` holds, if that pid is still that daemon (not a reused pid)."""
+    """End the daemon whose pid `p` holds, if that pid is still that daemon (not a reused pid).
+    A pidfd pins the process and becomes readable when it exits: waited on, not polled."""
     try:
         pid = int(p.read_text().strip())
+        fd = os.pidfd_open(pid)
     except (OSError, ValueError):
-        return
-
-    def alive() -> bool:
+        return  # no pid file, or the process is gone
+    try:
         try:
-            return Path(f"/proc/{pid}/comm").read_text().strip() == name
+            if Path(f"/proc/{pid}/comm").read_text().strip() != name:
+                return
         except OSError:
-            return False
-
-    if not alive():
-        return
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + 10
-    while alive():
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            deadline = float("inf")
-        time.sleep(0.05)
+            return
+        signal.pidfd_send_signal(fd, signal.SIGTERM)
+        if not select.select([fd], [], [], 10)[0]:
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+            select.select([fd], [], [], 10)
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager

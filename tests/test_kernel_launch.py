@@ -49,7 +49,7 @@ print(json.dumps(out))
 """,
     """
 run2 = gpu_lab.launch(launch_fns.train_forever, num_processes=2, name="to-stop")
-wait_until(lambda: run2.metrics.count("loss", 1) > 2, 90, what="metrics from rank 1")
+assert run2.wait_for_step(2, rank=1, timeout=90), run2.status
 procs = tree(run2.pid)
 n_procs = len(procs)
 status = run2.stop()

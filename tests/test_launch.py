@@ -47,7 +47,7 @@ def test_two_ranks_form_a_group_and_return_rank0_value():
 
 def test_stop_ends_the_whole_tree_and_frees_the_port():
     run = gpu_lab.launch(launch_fns.train_forever, num_processes=2)
-    wait_until(lambda: run.metrics.count("loss", 1) > 3, 60, what="rank 1 metrics")
+    assert run.wait_for_step(3, rank=1, timeout=60), run.status
     procs = tree(run.pid)
     assert len(procs) >= 3, procs  # supervisor + 2 workers
     assert port_in_use(run.port)
@@ -55,6 +55,20 @@ def test_stop_ends_the_whole_tree_and_frees_the_port():
     wait_until(lambda: not alive(procs), 10, what="every process of the run to end")
     assert not port_in_use(run.port)
     assert Registry().get_run(run.id)["status"] == "stopped"
+
+
+def test_wait_for_step_wakes_on_reports_and_says_when_the_run_ended_first():
+    run = gpu_lab.launch(launch_fns.train_linear, 6, num_processes=2)
+    assert run.wait_for_step(3, rank=1, timeout=120)
+    assert max(run.metrics.series("loss", 1)[0]) >= 3
+    assert run.wait_for_step(10**6, timeout=120) is False  # the run ended at step 5
+    assert run.status == "succeeded"
+    forever = gpu_lab.launch(launch_fns.train_forever, num_processes=1)
+    try:
+        with pytest.raises(TimeoutError, match=r"did not report 'nope' at step 1 within 0.01 s"):
+            forever.wait_for_step(1, metric="nope", timeout=0.01)
+    finally:
+        assert forever.stop() == "stopped"
 
 
 def test_rank_exception_fails_the_run_with_its_traceback():

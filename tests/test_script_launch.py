@@ -33,9 +33,9 @@ def test_launch_from_a_script(tmp_path):
 def test_script_that_exits_early_leaves_no_orphans(tmp_path):
     p = _script(tmp_path, """
         import gpu_lab, launch_fns
-        from proc_utils import wait_until, tree
+        from proc_utils import tree
         run = gpu_lab.launch(launch_fns.train_forever, num_processes=2)
-        wait_until(lambda: run.metrics.count("loss", 1) > 2, 90, what="training")
+        assert run.wait_for_step(2, rank=1, timeout=90), run.status
         print("PIDS", " ".join(str(p.pid) for p in tree(run.pid)), flush=True)
         # the script ends here without waiting: atexit must stop the run
     """)

@@ -45,6 +45,8 @@ class Run:
         self._registry = registry
         self._status = "pending"
         self._done = threading.Event()
+        self._progress = threading.Condition()  # notified on every metric batch and at the end
+        self._last_step: dict[tuple[str, int], float] = {}  # (metric, rank) -> newest step
         self._subs: list[Callable[[list], None]] = []
         self._lock = threading.Lock()
         self._log_events: deque = deque(maxlen=500)
@@ -64,6 +66,20 @@ class Run:
         """Block until the run ends or `timeout` seconds pass; return the status."""
         self._done.wait(timeout)
         return self._status
+
+    def wait_for_step(self, step: float, rank: int = 0, metric: str = "loss",
+                      timeout: float | None = None) -> bool:
+        """Block until `rank` has reported `metric` at `step` or later (True), or the run ended
+        before that (False). Raises TimeoutError after `timeout` seconds. Woken by the events
+        themselves: no polling."""
+        def reached() -> bool:
+            return self._last_step.get((metric, rank), float("-inf")) >= step
+
+        with self._progress:
+            if not self._progress.wait_for(lambda: reached() or self.done, timeout):
+                raise TimeoutError(f"run {self.id}: rank {rank} did not report {metric!r} at step "
+                                   f"{step} within {timeout} s (status {self._status})")
+        return reached()
 
     def result(self, timeout: float | None = None) -> Any:
         """Rank 0's return value. Waits for the end; raises RunFailedError if it did not succeed."""
@@ -142,10 +158,16 @@ class Run:
 
     def _on_events(self, events: list) -> None:
         rows = []
+        progressed = False
         for e in events:
             kind = e["kind"]
             if kind == ev.METRIC:
                 self.metrics.add(e["rank"], e.get("step"), e["t"], e["data"])
+                progressed = True
+                if e.get("step") is not None:
+                    for k in e["data"]:
+                        key = (k, e["rank"])
+                        self._last_step[key] = max(self._last_step.get(key, e["step"]), e["step"])
                 rows += [(self.id, e["rank"], e.get("step"), e["t"], k, v)
                          for k, v in e["data"].items() if isinstance(v, (int, float))]
             elif kind == ev.STATUS and e["data"].get("status") == "running" and self._status == "pending":
@@ -154,6 +176,9 @@ class Run:
                 self.dropped = max(self.dropped, int(e["data"].get("count", 0)))
             elif kind == ev.LOG:
                 self._log_events.append(e)
+        if progressed:
+            with self._progress:
+                self._progress.notify_all()
         if rows:
             try:
                 self._registry.add_metrics(rows)
@@ -172,6 +197,8 @@ class Run:
         self._registry.set_status(self.id, status,
                                   error=str(self._error) if self._error else None)
         self._done.set()
+        with self._progress:
+            self._progress.notify_all()
         e = ev.make(self.id, -1, ev.STATUS, {"status": status, "exitcode": exitcode})
         with self._lock:
             subs = list(self._subs)
