@@ -6,6 +6,7 @@ killed, the machine rebooted) is marked `lost` the next time anyone lists runs.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import socket
@@ -75,17 +76,23 @@ class Registry:
         self.path = Path(path) if path is not None else home() / "registry.db"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
-        with self._conn() as c:
-            c.executescript(_SCHEMA)
+        # Switching a new database to WAL takes an exclusive lock, and SQLite answers a second
+        # process doing the same at that moment with "database is locked" at once, without its
+        # busy timeout (seen: two torchrun ranks opening a fresh registry). So the first-open setup
+        # (WAL, which then persists in the file, and the schema) runs under a file lock.
+        with open(self.path.with_name(self.path.name + ".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            with self._conn() as c:
+                c.execute("PRAGMA journal_mode=WAL")
+                c.executescript(_SCHEMA)
 
     def _conn(self) -> sqlite3.Connection:
         c = getattr(self._local, "conn", None)
         if c is None or getattr(self._local, "pid", None) != os.getpid():
             c = sqlite3.connect(self.path, timeout=30, isolation_level=None)
             c.row_factory = sqlite3.Row
-            c.execute("PRAGMA journal_mode=WAL")
-            c.execute("PRAGMA synchronous=NORMAL")
             c.execute("PRAGMA busy_timeout=30000")
+            c.execute("PRAGMA synchronous=NORMAL")
             self._local.conn, self._local.pid = c, os.getpid()
         return c
 
