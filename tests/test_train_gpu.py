@@ -35,3 +35,25 @@ def test_fp16_gradscaler_resume_and_gpu_memory(tmp_path):
     assert 0.0 < r["memory_fraction"] < 1.0
     peaks = r["resnet18_peak_bytes"]
     assert peaks["checkpointed"] < peaks["plain"]
+
+
+def test_pinned_shard_batches_come_through_the_ring_and_free_it_at_once(tmp_path):
+    """With pin_memory (only possible with a GPU) the DataLoader's pin thread materializes ring slots
+    (RingBatch.pin_memory) into pinned memory; held on the GPU, every batch equals the one decoded
+    in-process."""
+    import torch
+
+    from gpu_lab.data import make_synthetic_images, shard_loader, write_shards
+
+    make_synthetic_images(tmp_path / "img", 120, image_size=20, num_classes=4, seed=1)
+    write_shards(tmp_path / "img", tmp_path / "s", maxcount=15, progress=False)
+    kw = dict(train=False, image_size=16, rank=0, world_size=1, output="uint8", return_keys=True)
+    ref = {}
+    for x, _, keys in shard_loader(tmp_path / "s", 8, num_workers=0, pin_memory=False, **kw):
+        ref.update(zip(keys, x.clone()))
+    batches = list(shard_loader(tmp_path / "s", 4, num_workers=2, pin_memory=True, device="cuda", **kw))
+    assert sum(len(k) for _, _, k in batches) == 120
+    for x, _, keys in batches:
+        assert x.is_cuda
+        for img, key in zip(x.cpu(), keys):
+            assert torch.equal(img, ref[key])
