@@ -156,6 +156,16 @@ def test_corrupt_image_raises_naming_shard_and_sample_or_is_skipped(shards, tmp_
     assert loader.stats.skipped_samples == 1
 
 
+@pytest.mark.parametrize("name", ["00000001.jpg", "a/b.seg.png", "a.b/c.d", "dir/.hidden", ".x.jpg",
+                                  "noext", "a/b", "x/y.", "ü/ö.cls", "a//b.c", "/abs.jpg", "a.b.c.d"])
+def test_members_group_into_samples_as_webdataset_groups_them(name):
+    from webdataset.tariterators import base_plus_ext
+
+    from gpu_lab.data.loader import split_key
+
+    assert split_key(name) == base_plus_ext(name)
+
+
 def test_corrupt_tar_header_is_caught(shards, tmp_path):
     bad = tmp_path / "bad"
     m = _copy_shards(shards, bad)

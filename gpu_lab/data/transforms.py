@@ -198,6 +198,4 @@ def parse_label(raw: bytes | str | int) -> int:
     """A `.cls` payload (ASCII digits, as WebDataset writes it) → int."""
     if isinstance(raw, int):
         return raw
-    if isinstance(raw, (bytes, bytearray)):
-        raw = raw.decode("ascii")
-    return int(raw.strip())
+    return int(raw)  # int() takes ASCII digits as bytes too, and ignores surrounding whitespace
