@@ -74,6 +74,9 @@ def _add_bench_loader(bench_subparsers) -> None:
     p.add_argument("--steps", type=int, default=30, help="training steps for the data-wait fraction")
     p.add_argument("--repeats", type=int, default=1,
                    help="rounds of every measurement, best kept (default 1; more on a busy machine)")
+    p.add_argument("--pairs", type=int, default=3,
+                   help="back-to-back (limit, loader, limit) pairs; the loader / limit ratio is "
+                        "their median (default 3)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=_run_bench_loader)
 
@@ -86,7 +89,7 @@ def _run_bench_loader(args: argparse.Namespace) -> int:
     report = benchmark(args.data, n=args.n, image_size=args.image_size, crop_size=args.crop_size,
                        num_workers=args.workers, batch_size=args.batch_size, augment=args.augment,
                        work_dir=args.work_dir, cold=not args.no_cold, data_wait_steps=args.steps,
-                       repeats=args.repeats, progress=not args.json)
+                       repeats=args.repeats, limit_pairs=args.pairs, progress=not args.json)
     print(json.dumps(report.to_dict(), indent=1) if args.json else report.table())
     return 0
 
