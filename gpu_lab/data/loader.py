@@ -15,7 +15,8 @@ memory and PCIe. They stack each batch into a slot of shared memory that the tra
 mapped once, before they forked, and reuse a slot once nothing reads it any more: only a slot number
 crosses the pipe, instead of torch's fresh segment, page faults and file-descriptor handshake per
 batch (see `batch_ring`; measured here with bench/loader.py, that took the loader from 0.65x to
-0.82x of its pipeline limit, medians of back-to-back pairs). The normalisation then runs where the batch lands, on the GPU when `device` is one.
+0.83x of its pipeline limit, medians of back-to-back pairs). The normalisation then runs where the
+batch lands, on the GPU when `device` is one.
 
 Rules it enforces:
 
@@ -418,7 +419,8 @@ def shard_loader(urls: str | list, batch_size: int, train: bool = True, image_si
                  shuffle_buffer: int = 1000, shard_shuffle: bool | None = None, seed: int = 0,
                  rank: int | None = None, world_size: int | None = None, drop_last: bool = False,
                  pin_memory: bool | None = None, prefetch_factor: int = 2, output: str = "float32",
-                 device: str | torch.device | None = None, return_keys: bool = False, crop_scale: tuple[float, float] = CROP_SCALE,
+                 device: str | torch.device | None = None, return_keys: bool = False,
+                 crop_scale: tuple[float, float] = CROP_SCALE,
                  multiprocessing_context: str | None = None) -> ShardLoader:
     """Batches from WebDataset shards for this rank (see the module docstring for the pipeline).
 
