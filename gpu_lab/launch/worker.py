@@ -29,11 +29,46 @@ def accelerator(**kwargs: Any):
     copies (DistributedType.NO). Here `cpu=True` is passed there, so the workers form a gloo group
     (DistributedType.MULTI_CPU) with the world size the launch asked for.
     """
+    import atexit
+
     from accelerate import Accelerator
 
+    global _exit_hook_registered
     if device_kind() == "cpu":
         kwargs.setdefault("cpu", True)
-    return Accelerator(**kwargs)
+    acc = Accelerator(**kwargs)
+    if not _exit_hook_registered:
+        atexit.register(_destroy_process_group_at_exit)
+        _exit_hook_registered = True
+    return acc
+
+
+_exit_hook_registered = False
+
+
+def _destroy_process_group_at_exit() -> None:
+    """At interpreter exit, before finalization starts: destroy the default process group and let
+    gloo's worker threads finish with the Python objects they still hold.
+
+    A gloo thread destroys a finished collective's work after the caller's wait() returned; the
+    tensors in it have Python objects, so it takes the GIL. Once Python is finalizing, a thread
+    that takes the GIL is ended with pthread_exit, whose unwinding through the work's noexcept
+    destructor aborts the process ("terminate called without an active exception", SIGABRT): a
+    torchrun rank that finished, or that fit() ended with Preempted (143), exits -6 (3 of 10 runs
+    of the preemption test here; a core dump shows ProcessGroupGloo::runLoop → ~AsyncBroadcastWork
+    → decref → take_gil → PyThread_exit_thread). atexit handlers run before finalization, so
+    giving up the GIL here for a moment lets that thread finish first."""
+    import time
+
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # exiting anyway: a failed clean-up must not replace the exit code
+            pass
+    for _ in range(5):  # each sleep releases the GIL; a pending work destructor needs microseconds
+        time.sleep(0.01)
 
 
 def control_dir() -> Path | None:
