@@ -362,9 +362,7 @@ class ShardLoader:
         """Shared batch slots for this epoch's workers, when they will inherit them (fork)."""
         if self.num_workers == 0 or self.ring_slots < 1 or self.image_shape is None:
             return None
-        ctx = self._loader.multiprocessing_context
-        method = ctx.get_start_method() if ctx is not None else mp.get_start_method()
-        if method != "fork":  # spawn/forkserver workers cannot inherit an anonymous mapping
+        if self._loader.multiprocessing_context.get_start_method() != "fork":  # spawn/forkserver workers cannot inherit an anonymous mapping
             return None
         return BatchRing(self.num_workers, self.ring_slots, (self.batch_size, *self.image_shape))
 

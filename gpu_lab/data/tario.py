@@ -66,7 +66,7 @@ def _octal(field: bytes, what: str, offset: int) -> int:
 
 
 def byte_sum(header: bytes) -> int:
-    """The sum of a 512-byte header's bytes, exactly, about 10x faster than `sum()`: Adler-32's low
+    """The sum of a 512-byte header's bytes, exactly, about 6x faster than `sum()`: Adler-32's low
     half is 1 + the byte sum modulo 65521, and 256 bytes sum to at most 65280, so each half of the
     header gives its sum exactly."""
     return (zlib.adler32(header[:256]) & 0xFFFF) + (zlib.adler32(header[256:]) & 0xFFFF) - 2

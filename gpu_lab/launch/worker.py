@@ -4,6 +4,8 @@ Training code imports this (through `gpu_lab.accelerator`); it never imports wid
 """
 from __future__ import annotations
 
+import atexit
+import functools
 import os
 from pathlib import Path
 from typing import Any
@@ -29,21 +31,18 @@ def accelerator(**kwargs: Any):
     copies (DistributedType.NO). Here `cpu=True` is passed there, so the workers form a gloo group
     (DistributedType.MULTI_CPU) with the world size the launch asked for.
     """
-    import atexit
-
     from accelerate import Accelerator
 
-    global _exit_hook_registered
     if device_kind() == "cpu":
         kwargs.setdefault("cpu", True)
     acc = Accelerator(**kwargs)
-    if not _exit_hook_registered:
-        atexit.register(_destroy_process_group_at_exit)
-        _exit_hook_registered = True
+    _register_exit_hook()
     return acc
 
 
-_exit_hook_registered = False
+@functools.cache
+def _register_exit_hook() -> None:
+    atexit.register(_destroy_process_group_at_exit)
 
 
 def _destroy_process_group_at_exit() -> None:
@@ -62,13 +61,13 @@ def _destroy_process_group_at_exit() -> None:
 
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
-        try:
-            dist.destroy_process_group()
-        except Exception:  # exiting anyway: a failed clean-up must not replace the exit code
-            pass
-    for _ in range(5):  # each sleep releases the GIL; a pending work destructor needs microseconds
-        time.sleep(0.01)
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    try:
+        dist.destroy_process_group()
+    except Exception:  # exiting anyway: a failed clean-up must not replace the exit code
+        pass
+    time.sleep(0.05)  # releases the GIL; a pending work destructor needs microseconds of it
 
 
 def control_dir() -> Path | None:
