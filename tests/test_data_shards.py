@@ -165,6 +165,28 @@ def test_tar_reader_agrees_with_tarfile(tmp_path, fmt):
         assert mine == theirs
 
 
+@pytest.mark.parametrize("size_field", ["%011o\0", "%11o ", " %09o \0", "base-256"])
+@pytest.mark.parametrize("checksum_field", ["%06o\0 ", "%07o\0", " %06o ", "%o\0\0\0\0\0"])
+def test_tar_reader_reads_numeric_fields_as_tarfile_does(tmp_path, size_field, checksum_field):
+    """Writers pad octal fields with NULs or spaces (and GNU tar may store sizes in base-256): the
+    reader's one-call fast path and its general rules agree with tarfile on each of them."""
+    raw = bytearray(_tar(tarfile.USTAR_FORMAT, ["a.jpg", "a.cls"]))
+    size = 700
+    if size_field == "base-256":
+        raw[124:136] = b"\x80" + size.to_bytes(11, "big")
+    else:
+        raw[124:136] = (size_field % size).encode()
+    raw[148:156] = b" " * 8
+    raw[148:156] = (checksum_field % sum(raw[:512])).encode()[:8].ljust(8, b"\0")
+    p = tmp_path / "t.tar"
+    p.write_bytes(bytes(raw))
+    with open_shard(str(p)) as s:
+        mine = list(iter_members(s))
+    with tarfile.open(p) as t:
+        theirs = [(m.name, t.extractfile(m).read()) for m in t if m.isreg()]
+    assert mine == theirs and mine[0] == ("a.jpg", bytes(size))
+
+
 def test_header_byte_sum_is_exact():
     """byte_sum (two Adler-32 halves) equals sum() on every kind of header, the extremes included."""
     rng = random.Random(0)
