@@ -166,6 +166,24 @@ def test_members_group_into_samples_as_webdataset_groups_them(name):
     assert split_key(name) == base_plus_ext(name)
 
 
+def test_in_bursts_keeps_every_sample_in_order_and_pulls_them_a_burst_at_a_time():
+    from gpu_lab.data.loader import in_bursts
+
+    pulled: list[int] = []
+
+    def upstream():
+        for i in range(10):
+            pulled.append(i)
+            yield i
+
+    it = in_bursts(upstream(), 4)
+    assert next(it) == 0 and pulled == [0, 1, 2, 3]  # a burst is read before its first is used
+    assert [next(it) for _ in range(3)] == [1, 2, 3] and len(pulled) == 4
+    assert next(it) == 4 and len(pulled) == 8
+    assert list(it) == [5, 6, 7, 8, 9] and pulled == list(range(10))
+    assert list(in_bursts([], 4)) == []
+
+
 def test_corrupt_tar_header_is_caught(shards, tmp_path):
     bad = tmp_path / "bad"
     m = _copy_shards(shards, bad)
