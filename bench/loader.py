@@ -3,7 +3,9 @@
 On 10,000 small synthetic JPEGs (160 px, made once in the temp dir and reused), at equal workers
 and equal transforms, it prints img/s side by side, the pipeline limit, warm vs cold page cache,
 the data-wait fraction of a training step, the shard writer's speed and the measured zstd ratio.
-Each figure is the best of 2 rounds; the loader's ratio to its pipeline limit is the median of 5
+Workers: one per core, one core left to the process that takes the batches (1 on a 2-core machine;
+the limit counts a core per worker); `--workers 2` there shows what the cores give with none left.
+Each figure is the best of 2 rounds; the loader's ratio to its pipeline limit is the median of 9
 back-to-back (limit, loader, limit) pairs. Takes several minutes on 2 cores. Extra arguments go to
 `gpu-lab bench loader` (e.g. --workers 4).
 """
@@ -12,4 +14,4 @@ import sys
 from gpu_lab.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main(["bench", "loader", "--n", "10000", "--repeats", "2", "--pairs", "5", *sys.argv[1:]]))
+    sys.exit(main(["bench", "loader", "--n", "10000", "--repeats", "2", "--pairs", "9", *sys.argv[1:]]))

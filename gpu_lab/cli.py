@@ -66,7 +66,9 @@ def _add_bench_loader(bench_subparsers) -> None:
     p.add_argument("--n", type=int, default=10_000, help="synthetic images (default 10000)")
     p.add_argument("--image-size", type=int, default=160, help="synthetic image side, px (default 160)")
     p.add_argument("--crop-size", type=int, default=128, help="training crop side, px (default 128)")
-    p.add_argument("--workers", type=int, default=2, help="DataLoader workers for every loader (default 2)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="DataLoader workers for every loader (default: one per core, one core left to "
+                        "the process that takes the batches, at most 4)")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--augment", choices=["none", "basic", "autoaugment"], default="basic")
     p.add_argument("--work-dir", help="where synthetic images and shards go (default: temp dir)")

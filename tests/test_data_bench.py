@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpu_lab.cli import main
+from gpu_lab.data import bench
 from gpu_lab.data.bench import BenchReport
 from gpu_lab.data.pagecache import evict, resident_fraction
 
@@ -44,6 +45,14 @@ def test_bench_loader_cli_reports_every_measurement(tmp_path, capsys):
                  "median of 2 back-to-back pairs",
                  "shards_vs_naive", "(>= 2:", "data-wait fraction", "zstd: shard files"):
         assert text in table
+
+
+@pytest.mark.parametrize("cores, workers", [(1, 1), (2, 1), (3, 2), (8, 4), (64, 4)])
+def test_default_workers_leave_a_core_to_the_consumer(monkeypatch, cores, workers):
+    """The limit counts one core per worker: by default the benchmark leaves one core to the process
+    that takes the batches (never fewer than one worker, at most four)."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
+    assert bench.default_workers() == workers
 
 
 def test_bench_help_lists_loader(capsys):
