@@ -56,6 +56,7 @@ from .shards import image_folder_files, write_shards
 from .synthetic import make_synthetic_images
 from .transforms import build_pil_transform, build_transform, decode, normalize_batch
 
+
 def default_workers() -> int:
     """DataLoader workers for the benchmark: one per core this process may use, but one left to the
     process that consumes the batches (the training loop drives the GPU from it), at most 4."""
@@ -377,8 +378,8 @@ def _log(progress: bool, msg: str) -> None:
 
 def benchmark(data_dir: str | os.PathLike | None = None, *, n: int = 10_000, image_size: int = 160,
               crop_size: int = 128, num_classes: int = 10, num_workers: int | None = None,
-              batch_size: int = 64,
-              augment: str = "basic", work_dir: str | os.PathLike | None = None, cold: bool = True,
+              batch_size: int = 64, augment: str = "basic",
+              work_dir: str | os.PathLike | None = None, cold: bool = True,
               data_wait_steps: int = 30, shards_per_worker: int = 8, seed: int = 0,
               repeats: int = 1, limit_pairs: int = 3, progress: bool = True) -> BenchReport:
     """Measure gpu_lab's shard loader against the naive per-file pipeline (see module docstring).
@@ -394,7 +395,6 @@ def benchmark(data_dir: str | os.PathLike | None = None, *, n: int = 10_000, ima
 
     if num_workers is None:
         num_workers = default_workers()
-
     work = Path(work_dir) if work_dir else Path(tempfile.gettempdir()) / "gpu_lab-bench-loader"
     work.mkdir(parents=True, exist_ok=True)
     source_size: int | None = image_size

@@ -218,16 +218,14 @@ class ShardDataset(IterableDataset):
             try:
                 with open_shard(url) as stream:
                     current: dict | None = None
-                    key = None
                     for name, data in iter_members(stream):
                         prefix, suffix = split_key(name)
                         if prefix is None:
                             continue
-                        if prefix != key:
+                        if current is None or current["__key__"] != prefix:
                             if current is not None:
                                 n += 1
                                 yield current
-                            key = prefix
                             current = {"__key__": prefix, "__url__": url}
                         current[suffix.lower()] = data
                     if current is not None:
@@ -387,7 +385,8 @@ class ShardLoader:
         """Shared batch slots for this epoch's workers, when they will inherit them (fork)."""
         if self.num_workers == 0 or self.ring_slots < 1 or self.image_shape is None:
             return None
-        if self._loader.multiprocessing_context.get_start_method() != "fork":  # spawn/forkserver workers cannot inherit an anonymous mapping
+        # spawn/forkserver workers cannot inherit an anonymous mapping
+        if self._loader.multiprocessing_context.get_start_method() != "fork":
             return None
         return BatchRing(self.num_workers, self.ring_slots, (self.batch_size, *self.image_shape))
 

@@ -124,7 +124,7 @@ def iter_members(stream: IO[bytes]) -> Iterator[tuple[str, bytes]]:
         if magic == b"ustar" and prefix[0]:
             name = prefix.split(b"\0", 1)[0] + b"/" + name
         offset += _BLOCK
-        if pax and pax.get("size"):
+        if pax.get("size"):
             size = int(pax["size"])
         padded = (size + _BLOCK - 1) // _BLOCK * _BLOCK
         data = read(padded)
@@ -145,10 +145,9 @@ def iter_members(stream: IO[bytes]) -> Iterator[tuple[str, bytes]]:
         if kind == b"L":  # GNU long name for the next member
             long_name = data.rstrip(b"\0").decode("utf-8", "surrogateescape")
             continue
-        if long_name is not None or pax:
-            member = long_name or pax.get("path") or name.decode("utf-8", "surrogateescape")
-            long_name, pax = None, {}
-        else:
-            member = name.decode("utf-8", "surrogateescape")
+        member = long_name or pax.get("path") or name.decode("utf-8", "surrogateescape")
+        long_name = None
+        if pax:
+            pax = {}
         if kind in (b"0", b"\0", b"7"):  # regular file (7: contiguous file)
             yield member, data
