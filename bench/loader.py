@@ -5,13 +5,14 @@ and equal transforms, it prints img/s side by side, the pipeline limit, warm vs 
 the data-wait fraction of a training step, the shard writer's speed and the measured zstd ratio.
 Workers: one per core, one core left to the process that takes the batches (1 on a 2-core machine;
 the limit counts a core per worker); `--workers 2` there shows what the cores give with none left.
-Each figure is the best of 2 rounds; the loader's ratio to its pipeline limit is the median of 9
-back-to-back (limit, loader, limit) pairs. Takes several minutes on 2 cores. Extra arguments go to
-`gpu-lab bench loader` (e.g. --workers 4).
+Each figure is the best of 2 rounds; the loader's ratio to its pipeline limit is the median of 15
+back-to-back (limit, loader, limit) pairs (those during which the hypervisor stole more than 1% of
+the CPU time left out when 3 or more remain; every pair is printed with its steal). Takes several
+minutes on 2 cores. Extra arguments go to `gpu-lab bench loader` (e.g. --workers 4).
 """
 import sys
 
 from gpu_lab.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main(["bench", "loader", "--n", "10000", "--repeats", "2", "--pairs", "9", *sys.argv[1:]]))
+    sys.exit(main(["bench", "loader", "--n", "10000", "--repeats", "2", "--pairs", "15", *sys.argv[1:]]))

@@ -31,6 +31,9 @@ def test_bench_loader_cli_reports_every_measurement(tmp_path, capsys):
     # the loader / limit ratio is the median of the back-to-back pairs, not of the best-of figures
     assert len(d["limit_pairs"]) == 2 and d["parallel_limit"] > 0
     assert min(d["limit_pairs"]) <= d["ratios"]["shards_vs_limit"] <= max(d["limit_pairs"])
+    # the hypervisor's steal is measured for each pair and for the run (Linux reports it)
+    assert len(d["pair_steal"]) == 2 and all(0.0 <= x <= 1.0 for x in d["pair_steal"])
+    assert 0.0 <= d["steal"] <= 1.0
     assert 0.0 <= d["data_wait"]["shards"] <= 1.0 and 0.0 <= d["data_wait"]["naive"] <= 1.0
     assert d["n_images"] == 96 and d["num_shards"] >= 1 and d["writer_images_per_minute"] > 0
     assert 0.5 < d["image_zstd_ratio"] < 2.0
@@ -45,6 +48,30 @@ def test_bench_loader_cli_reports_every_measurement(tmp_path, capsys):
                  "median of 2 back-to-back pairs",
                  "shards_vs_naive", "(>= 2:", "data-wait fraction", "zstd: shard files"):
         assert text in table
+
+
+def test_loader_vs_limit_is_the_median_of_the_quiet_pairs():
+    """Pairs during which the hypervisor stole more than 1% of the CPU time are left out of the
+    median, when at least three quiet ones remain; the table shows both medians and every pair."""
+    pairs, steal = [0.80, 0.95, 0.92, 0.60, 0.97], [0.0, 0.002, 0.01, 0.05, 0.0]
+    report = BenchReport(n_images=10, source_size=8, crop_size=8, num_workers=1, batch_size=2,
+                         augment="basic", rates={"shards_warm": 1.0, "limit": 1.0},
+                         limit_pairs=pairs, pair_steal=steal)
+    assert report.quiet_pairs() == [0.80, 0.95, 0.92, 0.97]
+    assert report.ratios["shards_vs_limit"] == pytest.approx(0.935)
+    table = report.table()
+    assert "the 4 quiet ones of 5 back-to-back pairs" in table and "median of all: 0.92x" in table
+    assert "0.60/5.0%" in table
+    # fewer than three quiet pairs: every pair counts
+    noisy = BenchReport.from_dict({**report.to_dict(), "pair_steal": [0.0, 0.03, 0.02, 0.05, 0.0]})
+    assert noisy.quiet_pairs() == pairs and noisy.ratios["shards_vs_limit"] == pytest.approx(0.92)
+    assert "median of 5 back-to-back pairs" in noisy.table()
+
+
+def test_steal_seconds_is_read_from_proc_stat():
+    first = bench.steal_seconds()
+    assert first is not None and first >= 0.0
+    assert bench.steal_seconds() >= first  # a counter since boot
 
 
 @pytest.mark.parametrize("cores, workers", [(1, 1), (2, 1), (3, 2), (8, 4), (64, 4)])

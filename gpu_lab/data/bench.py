@@ -19,7 +19,11 @@ workers and the same augmentation operations (RandomResizedCrop + flip, or + Aut
   their share from the same cores and the limit is out of reach for any loader (see
   ``parallel limit``). The machine's speed drifts between seconds, so the loader's
   ratio to the limit is the median of back-to-back pairs (limit, loader, limit), not a ratio of
-  figures taken minutes apart;
+  figures taken minutes apart. On a virtual machine the hypervisor also takes CPU time away from
+  the guest while it runs ("steal" in /proc/stat), in bursts, and mostly when the guest is busy:
+  a pair during which more than 1% of the CPU time was stolen says more about the host's other
+  guests than about the loader, so the median is taken over the quiet pairs when there are at
+  least 3 (every pair, its steal and both medians are reported);
 - ``parallel limit``: the same in-memory pipeline in as many processes as workers, all at once:
   what the cores deliver together (shared caches and memory bandwidth make it less than the
   one-core figure times the workers), the ceiling a loader can actually approach.
@@ -55,6 +59,21 @@ from . import pagecache
 from .shards import image_folder_files, write_shards
 from .synthetic import make_synthetic_images
 from .transforms import build_pil_transform, build_transform, decode, normalize_batch
+
+
+QUIET_STEAL = 0.01  # a pair is quiet when the hypervisor stole at most this share of the CPU time
+MIN_QUIET_PAIRS = 3
+
+
+def steal_seconds() -> float | None:
+    """CPU-seconds that the hypervisor gave to other guests while this machine's CPUs had work
+    (/proc/stat "steal", all CPUs together); None where the kernel does not report it."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def default_workers() -> int:
@@ -94,6 +113,7 @@ class BenchReport:
     limit_one_core: float = 0.0
     parallel_limit: float = 0.0  # img/s of the pipeline in num_workers processes at once
     limit_pairs: list[float] = field(default_factory=list)  # shards / limit, back-to-back pairs
+    pair_steal: list[float] = field(default_factory=list)  # share of CPU time stolen, per pair
     naive_limit_one_core: float = 0.0
     writer_images_per_minute: float = 0.0
     num_shards: int = 0
@@ -101,6 +121,7 @@ class BenchReport:
     image_zstd_ratio: float | None = None
     cpu_count: int = field(default_factory=lambda: os.cpu_count() or 1)
     load_average: list[float] = field(default_factory=list)  # 1-min load before, after
+    steal: float | None = None  # share of the CPU time stolen by the hypervisor over the whole run
 
     @staticmethod
     def _ratios(r: dict[str, float]) -> dict[str, float]:
@@ -116,13 +137,19 @@ class BenchReport:
             out["shards_vs_per_file_cold"] = r["shards_cold"] / r["per_file_cold"]
         return out
 
+    def quiet_pairs(self) -> list[float]:
+        """The loader / limit pairs during which the hypervisor stole at most QUIET_STEAL of the CPU
+        time; every pair when fewer than MIN_QUIET_PAIRS were quiet (or steal is not reported)."""
+        quiet = [r for r, st in zip(self.limit_pairs, self.pair_steal) if st <= QUIET_STEAL]
+        return quiet if len(quiet) >= MIN_QUIET_PAIRS else list(self.limit_pairs)
+
     @property
     def ratios(self) -> dict[str, float]:
         """Ratios of wall-clock img/s (the issue's targets are stated on these). The loader against
-        its limit is the median of the back-to-back pairs when there are any."""
+        its limit is the median of the quiet back-to-back pairs when there are any (`quiet_pairs`)."""
         out = self._ratios(self.rates)
         if self.limit_pairs:
-            out["shards_vs_limit"] = statistics.median(self.limit_pairs)
+            out["shards_vs_limit"] = statistics.median(self.quiet_pairs())
         if self.parallel_limit and "shards_warm" in self.rates:
             out["shards_vs_parallel_limit"] = self.rates["shards_warm"] / self.parallel_limit
         return out
@@ -146,7 +173,9 @@ class BenchReport:
         lines = [f"loader benchmark: {self.n_images} images ({self.source_size or '?'} px source), "
                  f"crop {self.crop_size}, augment={self.augment}, {self.num_workers} workers, "
                  f"batch {self.batch_size}, {self.cpu_count} CPU cores, load average "
-                 + " -> ".join(f"{x:.1f}" for x in self.load_average),
+                 + " -> ".join(f"{x:.1f}" for x in self.load_average)
+                 + ("" if self.steal is None else
+                    f", {self.steal:.1%} of the CPU time stolen by the hypervisor"),
                  f"{'measurement':36s} {'img/s':>8s} {'img/CPU-s':>10s}"]
         labels = {"naive_warm": "naive per-file PIL (warm)",
                   "per_file_warm": "per-file, gpu_lab decode (warm)",
@@ -174,8 +203,16 @@ class BenchReport:
             c = f"| {cpu_r[k]:.2f}x" if k in cpu_r else ""
             lines.append(f"  {k:26s} {v:6.2f}x {verdict:18s} {c}")
         if self.limit_pairs:
-            lines.append(f"  shards_vs_limit: median of {len(self.limit_pairs)} back-to-back pairs "
-                         f"(limit, loader, limit): " + " ".join(f"{x:.2f}" for x in sorted(self.limit_pairs)))
+            quiet = self.quiet_pairs()
+            which = (f"{len(self.limit_pairs)} back-to-back pairs" if len(quiet) == len(self.limit_pairs)
+                     else f"the {len(quiet)} quiet ones of {len(self.limit_pairs)} back-to-back pairs "
+                          f"(at most {QUIET_STEAL:.0%} of the CPU time stolen by the hypervisor; "
+                          f"median of all: {statistics.median(self.limit_pairs):.2f}x)")
+            lines.append(f"  shards_vs_limit: median of {which}, (limit, loader, limit): "
+                         + " ".join(f"{x:.2f}" for x in sorted(quiet)))
+            if self.pair_steal:
+                lines.append("  each pair (ratio, CPU time stolen): " + " ".join(
+                    f"{x:.2f}/{st:.1%}" for x, st in zip(self.limit_pairs, self.pair_steal)))
         for k, v in self.data_wait.items():
             lines.append(f"data-wait fraction of a training step, {k}: {v:.0%}")
         for k, v in self.cold_resident.items():
@@ -468,6 +505,7 @@ def _measure(data_dir: Path, shard_dir: Path, written, zwritten, classes: list[s
     sample = file_paths[:: max(1, n // 2000)][:2000]
     encoded = [p.read_bytes() for p in sample]
     report.load_average.append(os.getloadavg()[0])
+    run_steal0, run_t0 = steal_seconds(), time.perf_counter()
     # Rounds interleave every measurement, so a burst of outside load hits all of them alike;
     # each figure is the best of its rounds.
     for _ in range(max(1, repeats)):
@@ -488,6 +526,7 @@ def _measure(data_dir: Path, shard_dir: Path, written, zwritten, classes: list[s
                 encoded, crop_size, augment, batch_size, num_workers))
     # the loader against its limit, measured back to back: limit, loader (warm), limit
     for _ in range(limit_pairs):
+        steal0, t0 = steal_seconds(), time.perf_counter()
         before = pipeline_limit(encoded, crop_size, augment, batch_size)
         loader = throughput(shards())
         after = pipeline_limit(encoded, crop_size, augment, batch_size)
@@ -495,7 +534,12 @@ def _measure(data_dir: Path, shard_dir: Path, written, zwritten, classes: list[s
             record("limit_one_core", p)
         record("shards_warm", loader)
         report.limit_pairs.append(loader.rate / ((before.rate + after.rate) / 2 * max(1, num_workers)))
-        _log(progress, f"pair: loader / limit = {report.limit_pairs[-1]:.3f}")
+        steal1, dt = steal_seconds(), time.perf_counter() - t0
+        if steal0 is not None and steal1 is not None:
+            report.pair_steal.append((steal1 - steal0) / (dt * report.cpu_count))
+        _log(progress, f"pair: loader / limit = {report.limit_pairs[-1]:.3f}"
+                       + (f", {report.pair_steal[-1]:.1%} of the CPU time stolen"
+                          if len(report.pair_steal) == len(report.limit_pairs) else ""))
     report.limit_one_core = report.rates.pop("limit_one_core")
     report.naive_limit_one_core = report.rates.pop("naive_limit")
     report.rates["limit"] = report.limit_one_core * max(1, num_workers)
@@ -506,4 +550,7 @@ def _measure(data_dir: Path, shard_dir: Path, written, zwritten, classes: list[s
             report.data_wait[name] = data_wait_fraction(loaders[name](), len(classes), data_wait_steps)
             _log(progress, f"data wait ({name}): {report.data_wait[name]:.0%}")
     report.load_average.append(os.getloadavg()[0])
+    run_steal1 = steal_seconds()
+    if run_steal0 is not None and run_steal1 is not None:
+        report.steal = (run_steal1 - run_steal0) / ((time.perf_counter() - run_t0) * report.cpu_count)
     return report
