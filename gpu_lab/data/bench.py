@@ -76,6 +76,15 @@ def steal_seconds() -> float | None:
         return None
 
 
+def _stolen_share(steal0: float | None, t0: float, cpus: int) -> float | None:
+    """Share of the CPU time stolen by the hypervisor since (`steal_seconds()`, `perf_counter()`)
+    were (steal0, t0); None where steal is not reported."""
+    steal1 = steal_seconds()
+    if steal0 is None or steal1 is None:
+        return None
+    return (steal1 - steal0) / ((time.perf_counter() - t0) * cpus)
+
+
 def default_workers() -> int:
     """DataLoader workers for the benchmark: one per core this process may use, but one left to the
     process that consumes the batches (the training loop drives the GPU from it), at most 4."""
@@ -534,12 +543,11 @@ def _measure(data_dir: Path, shard_dir: Path, written, zwritten, classes: list[s
             record("limit_one_core", p)
         record("shards_warm", loader)
         report.limit_pairs.append(loader.rate / ((before.rate + after.rate) / 2 * max(1, num_workers)))
-        steal1, dt = steal_seconds(), time.perf_counter() - t0
-        if steal0 is not None and steal1 is not None:
-            report.pair_steal.append((steal1 - steal0) / (dt * report.cpu_count))
+        stolen = _stolen_share(steal0, t0, report.cpu_count)
+        if stolen is not None:
+            report.pair_steal.append(stolen)
         _log(progress, f"pair: loader / limit = {report.limit_pairs[-1]:.3f}"
-                       + (f", {report.pair_steal[-1]:.1%} of the CPU time stolen"
-                          if len(report.pair_steal) == len(report.limit_pairs) else ""))
+                       + ("" if stolen is None else f", {stolen:.1%} of the CPU time stolen"))
     report.limit_one_core = report.rates.pop("limit_one_core")
     report.naive_limit_one_core = report.rates.pop("naive_limit")
     report.rates["limit"] = report.limit_one_core * max(1, num_workers)
@@ -550,7 +558,5 @@ def _measure(data_dir: Path, shard_dir: Path, written, zwritten, classes: list[s
             report.data_wait[name] = data_wait_fraction(loaders[name](), len(classes), data_wait_steps)
             _log(progress, f"data wait ({name}): {report.data_wait[name]:.0%}")
     report.load_average.append(os.getloadavg()[0])
-    run_steal1 = steal_seconds()
-    if run_steal0 is not None and run_steal1 is not None:
-        report.steal = (run_steal1 - run_steal0) / ((time.perf_counter() - run_t0) * report.cpu_count)
+    report.steal = _stolen_share(run_steal0, run_t0, report.cpu_count)
     return report
