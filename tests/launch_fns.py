@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 
 import gpu_lab
@@ -31,7 +32,7 @@ def train_linear(steps: int = 10, sleep: float = 0.0):
     state = acc.state
     return {"distributed_type": str(state.distributed_type.value),
             "num_processes": state.num_processes, "params": every.tolist(),
-            "pid": os.getpid()}
+            "pid": os.getpid(), "tempdir": tempfile.gettempdir()}
 
 
 def train_forever(report_every: float = 0.05):

@@ -5,7 +5,9 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import tempfile
 import types
+from pathlib import Path
 
 import pytest
 
@@ -43,6 +45,18 @@ def test_two_ranks_form_a_group_and_return_rank0_value():
     assert row["status"] == "succeeded"
     assert {m["rank"] for m in Registry().metrics(run.id, "loss")} == {0, 1}
     assert "linear" in repr(run) and "succeeded" in repr(run)
+
+
+def test_elastic_logs_stay_in_the_run_and_ranks_keep_the_temp_dir():
+    """torch elastic makes a torchelastic_ folder per launch in the temp dir and never removes it;
+    gpu_lab puts it in the run's folder, and the user's code still sees the usual temp dir."""
+    tmp = Path(tempfile.gettempdir())
+    before = set(tmp.glob("torchelastic_*"))
+    run = gpu_lab.launch(launch_fns.train_linear, 2, num_processes=2)
+    assert run.wait(120) == "succeeded", run.logs(None)
+    assert set(tmp.glob("torchelastic_*")) == before
+    assert list((run.run_dir / "elastic").glob("torchelastic_*"))
+    assert run.result()["tempdir"] == str(tmp)
 
 
 def test_stop_ends_the_whole_tree_and_frees_the_port():

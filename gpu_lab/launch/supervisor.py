@@ -13,6 +13,7 @@ import os
 import pickle
 import signal
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -73,18 +74,29 @@ def _redirect_output(path: Path) -> None:
     sys.stdin = open(0, "r", closefd=False)
 
 
+def _elastic_logs_in(folder: Path) -> None:
+    """Make torch elastic's log folder a part of the run. Without a log_dir (notebook_launcher passes
+    none), elastic makes a fresh tempfile.mkdtemp("torchelastic_") per launch and never removes it:
+    one more folder in /tmp for every launch. Here, in the supervisor only, the temp dir is the
+    run's `elastic/` folder; each rank sets it back before the user's code runs (`RankEntry`)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tempfile.tempdir = str(folder)
+
+
 class RankEntry:
     """The function each rank runs: set up output and reporting, check fork safety, call the
     user's function, keep its return value (rank 0) or its exception (any rank)."""
 
-    def __init__(self, fn: Callable, run_dir: str) -> None:
+    def __init__(self, fn: Callable, run_dir: str, tempdir: str | None = None) -> None:
         self.fn = fn
         self.run_dir = Path(run_dir)
+        self.tempdir = tempdir  # the temp dir the user's code gets (see `_elastic_logs_in`)
         self.__name__ = getattr(fn, "__name__", "train")  # elastic names the job after it
         self.__qualname__ = getattr(fn, "__qualname__", self.__name__)
 
     def __call__(self, *args: Any) -> None:
         rank = int(os.environ.get("RANK", "0"))
+        tempfile.tempdir = self.tempdir
         _redirect_output(self.run_dir / "logs" / f"rank{rank}.log")
         from ..stream import reporter as rep
 
@@ -177,19 +189,21 @@ def supervise(spec: Spec) -> None:
         # terminates the workers; we record "stopped".
         from accelerate import notebook_launcher
 
+        entry = RankEntry(spec.fn, spec.run_dir, tempdir=tempfile.tempdir)
+        _elastic_logs_in(run_dir / "elastic")
         monitor = RankMonitor(run_dir)
         monitor.start()
         try:
             if spec.num_nodes > 1:  # notebook_launcher does not rendezvous there: multinode.py
                 from .multinode import launch_nodes
 
-                launch_nodes(RankEntry(spec.fn, spec.run_dir), spec.args,
+                launch_nodes(entry, spec.args,
                              num_processes=spec.num_processes, num_nodes=spec.num_nodes,
                              node_rank=spec.node_rank, master_addr=spec.master_addr,
                              port=spec.port, rdzv_backend=spec.rdzv_backend,
                              mixed_precision=spec.mixed_precision)
             else:
-                notebook_launcher(RankEntry(spec.fn, spec.run_dir), args=spec.args,
+                notebook_launcher(entry, args=spec.args,
                                   num_processes=spec.num_processes,
                                   mixed_precision=spec.mixed_precision, use_port=str(spec.port),
                                   master_addr=spec.master_addr, node_rank=spec.node_rank,
