@@ -5,9 +5,13 @@ the seed articles and needs a GPU server.
 """
 from __future__ import annotations
 
+import atexit
 import html
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterable
 
 
@@ -23,6 +27,26 @@ def quick() -> bool:
 
 def mode() -> str:
     return "quick" if quick() else "full"
+
+
+def workdir(tag: str) -> Path:
+    """A fresh folder for one notebook's files (synthetic images, shards, checkpoints) in the
+    system temp dir, removed when the kernel shuts down: in full mode a notebook writes hundreds of
+    MB there, and a temp folder per run of every notebook would pile up. The runs this kernel
+    launched are stopped first (they may be writing checkpoints into it). GPU_LAB_KEEP_WORK=1
+    keeps the folder."""
+    path = Path(tempfile.mkdtemp(prefix=f"gpu_lab_{tag}_"))
+    atexit.register(_remove_workdir, path)
+    return path
+
+
+def _remove_workdir(path: Path) -> None:
+    if os.environ.get("GPU_LAB_KEEP_WORK", "").strip() in ("1", "true", "yes"):
+        return
+    from .launch.launcher import stop_all_runs
+
+    stop_all_runs()
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @dataclass

@@ -190,12 +190,13 @@ def _track(run: Run) -> None:
     global _atexit_registered
     _active.add(run)
     if not _atexit_registered:
-        atexit.register(_stop_all_at_exit)
+        atexit.register(stop_all_runs)
         _atexit_registered = True
 
 
-def _stop_all_at_exit() -> None:
-    """When the kernel (or script) exits, leave no orphan training processes behind."""
+def stop_all_runs() -> None:
+    """Stop every run this process launched that is still going. Registered at exit: when the
+    kernel (or script) exits, it leaves no orphan training processes behind."""
     for run in list(_active):
         if not run.done:
             run.stop(grace=3.0, timeout=5.0)
