@@ -50,6 +50,24 @@ def test_bench_loader_cli_reports_every_measurement(tmp_path, capsys):
         assert text in table
 
 
+def test_throughput_clock_stops_at_the_last_batch(monkeypatch):
+    """A loader's rate runs from the first batch to the last: neither its start-up nor the time it
+    takes to end after the last batch (a DataLoader joins its workers there) counts."""
+    clock = [0.0]
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
+
+    def loader():
+        clock[0] += 50.0  # start-up, before the first batch
+        for _ in range(5):
+            yield (None, [0] * 10)  # (images, labels): 10 images a batch, one second apart
+            clock[0] += 1.0
+        clock[0] += 100.0  # shutdown, after the last batch
+
+    p = bench.throughput(loader())
+    assert p.images == 50
+    assert p.rate == pytest.approx(40 / 4.0)  # the 4 batches after the first, over 4 seconds
+
+
 def test_loader_vs_limit_is_the_median_of_the_quiet_pairs():
     """Pairs during which the hypervisor stole more than 1% of the CPU time are left out of the
     median, when at least three quiet ones remain; the table shows both medians and every pair."""

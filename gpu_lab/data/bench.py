@@ -32,11 +32,11 @@ workers and the same augmentation operations (RandomResizedCrop + flip, or + Aut
 - the data-wait fraction of a training step: the share of wall time a small CNN's training loop
   spends blocked on `next(loader)`.
 
-Throughput is steady-state: the clock starts when the first batch arrives (worker start-up and the
-shuffle buffer's first fill are excluded for every loader alike). Each figure is also given per
-CPU-second (all processes of the loader, start-up included): on a shared machine, where other jobs
-take cores away, wall-clock img/s says more about the neighbours than about the loader, while
-images per CPU-second stays comparable.
+Throughput is steady-state: the clock runs from the arrival of the first batch to that of the last
+(worker start-up, the shuffle buffer's first fill and the workers' shutdown are excluded for every
+loader alike). Each figure is also given per CPU-second (all processes of the loader, start-up
+included): on a shared machine, where other jobs take cores away, wall-clock img/s says more about
+the neighbours than about the loader, while images per CPU-second stays comparable.
 """
 from __future__ import annotations
 
@@ -290,17 +290,20 @@ def _cpu_seconds() -> float:
 
 
 def throughput(loader: Iterable) -> Pass:
-    """One pass; the wall clock starts at the first batch (start-up excluded), the CPU clock at
-    iter() (start-up included: it is CPU the loader costs). Worker CPU time is counted once the
-    workers have been joined, which dropping the iterator does."""
+    """One pass. The wall clock runs from the arrival of the first batch to that of the last: the
+    steady state, without the workers' start-up or their shutdown (a DataLoader joins its workers
+    before it raises StopIteration: 16-33 ms here, 0.4-0.6% of a pass over 10,000 images, which the
+    rate would otherwise charge to the loader). The CPU clock runs from iter() until the workers
+    have been joined, start-up and shutdown included: that is CPU the loader costs."""
     cpu0 = _cpu_seconds()
     it = iter(loader)
     first = next(it)
     t0 = time.perf_counter()
-    n = 0
+    t_last, n = t0, 0
     for batch in it:
+        t_last = time.perf_counter()
         n += len(batch[1])
-    dt = time.perf_counter() - t0
+    dt = t_last - t0
     del it  # shuts the workers down and joins them, so their CPU time is counted below
     gc.collect()
     cpu = _cpu_seconds() - cpu0
