@@ -9,6 +9,7 @@ import atexit
 import html
 import os
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,9 +44,9 @@ def workdir(tag: str) -> Path:
 def _remove_workdir(path: Path) -> None:
     if os.environ.get("GPU_LAB_KEEP_WORK", "").strip() in ("1", "true", "yes"):
         return
-    from .launch.launcher import stop_all_runs
-
-    stop_all_runs()
+    launcher = sys.modules.get("gpu_lab.launch.launcher")  # not imported: nothing was launched
+    if launcher is not None:
+        launcher.stop_all_runs()
     shutil.rmtree(path, ignore_errors=True)
 
 
