@@ -14,6 +14,17 @@ def tree(pid: int) -> list[psutil.Process]:
         return []
 
 
+def processes(pids) -> list[psutil.Process]:
+    """The processes with these pids that still exist (pids from another process, e.g. a kernel)."""
+    out = []
+    for pid in pids:
+        try:
+            out.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
 def alive(procs) -> list[psutil.Process]:
     out = []
     for p in procs:

@@ -6,9 +6,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-import psutil
-
-from proc_utils import alive, wait_until
+from proc_utils import alive, processes, wait_until
 
 TESTS = Path(__file__).parent
 
@@ -44,12 +42,7 @@ def test_script_that_exits_early_leaves_no_orphans(tmp_path):
     assert line, out.stdout + out.stderr
     pids = [int(x) for x in line[0].split()[1:]]
     assert len(pids) >= 3
-    procs = []
-    for pid in pids:
-        try:
-            procs.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            pass
+    procs = processes(pids)
     wait_until(lambda: not alive(procs), 10, what="no orphan processes")
 
 

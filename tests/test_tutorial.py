@@ -3,14 +3,13 @@ import json
 import os
 from pathlib import Path
 
-import psutil
 import pytest
 from IPython.utils.capture import capture_output
 
 from gpu_lab.registry import Registry
 from gpu_lab.tutorial import check_output
 
-from proc_utils import alive
+from proc_utils import alive, processes, wait_until
 
 TESTS = Path(__file__).parent
 
@@ -51,15 +50,7 @@ def test_workdir_goes_with_the_kernel_unless_kept(keep, tmp_path):
         kc.stop_channels()
         km.shutdown_kernel(now=False)  # a graceful shutdown, as JupyterLab's "Shut Down Kernel"
     assert work.exists() == keep
-    assert not alive(_processes(state["pids"])), "the run outlived its kernel"
+    procs = processes(state["pids"])
+    wait_until(lambda: not alive(procs), 10, what="the run's processes to end with the kernel")
     assert Registry().get_run(state["run"])["status"] == "stopped"
 
-
-def _processes(pids: list[int]) -> list[psutil.Process]:
-    out = []
-    for pid in pids:
-        try:
-            out.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            pass
-    return out
