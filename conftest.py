@@ -1,8 +1,9 @@
 """Root conftest: applies to tests/ and notebooks/ alike. Each test session gets its own
 GPU_LAB_HOME (registry, run dirs) and quick mode, before any kernel is started, and its own
-temporary folder (TMPDIR, inherited by every kernel, launcher and rank): the tutorials' work
-folders, torch elastic's per-launch log folders and pytest's tmp_path all land in it, and it is
-removed when the session passes (kept, and named, when it fails)."""
+temporary folder (TMPDIR, inherited by every kernel, launcher and rank): GPU_LAB_HOME (with the
+run folders), the tutorials' work folders of kernels that do not shut down cleanly, and pytest's
+tmp_path all land in it, and it is removed when the session passes (kept, and named, when it
+fails)."""
 import os
 import shutil
 import tempfile

@@ -16,11 +16,17 @@ from pathlib import Path
 from typing import Any, Iterable
 
 
+def _env_flag(name: str) -> bool | None:
+    """An on/off environment variable: None when unset or empty, False for 0/false/no, else True."""
+    flag = os.environ.get(name, "").strip()
+    return None if not flag else flag not in ("0", "false", "no")
+
+
 def quick() -> bool:
     """True without a GPU (NVML's count) or with GPU_LAB_QUICK=1; GPU_LAB_QUICK=0 forces full."""
-    flag = os.environ.get("GPU_LAB_QUICK")
-    if flag is not None and flag.strip() != "":
-        return flag.strip() not in ("0", "false", "no")
+    flag = _env_flag("GPU_LAB_QUICK")
+    if flag is not None:
+        return flag
     from .telemetry_probe import gpu_count
 
     return gpu_count() == 0
@@ -42,7 +48,7 @@ def workdir(tag: str) -> Path:
 
 
 def _remove_workdir(path: Path) -> None:
-    if os.environ.get("GPU_LAB_KEEP_WORK", "").strip() in ("1", "true", "yes"):
+    if _env_flag("GPU_LAB_KEEP_WORK"):
         return
     launcher = sys.modules.get("gpu_lab.launch.launcher")  # not imported: nothing was launched
     if launcher is not None:

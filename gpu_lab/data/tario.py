@@ -3,12 +3,12 @@
 Python's `tarfile` spends about 30 µs of pure-Python header parsing per member; a WebDataset sample
 has two or three members, and the whole per-sample budget of a loader on small JPEGs is about
 400 µs of one core (decode + crop). `iter_members` parses the 512-byte headers itself (ustar, with
-GNU long names and pax path/size records: one `struct` unpack and one `int()` per numeric field)
-in about 4 µs per member on the 2-vCPU development VM (5.3 µs with a slice and a parse per field,
-1.4x slower; medians of 10 alternated passes over 20,000 members), checks each header's checksum (the byte sum through Adler-32: exact,
-and six times faster than `sum()`), and raises
-`TarFormatError` on a corrupt header or a truncated member, so a bad shard is caught where it goes
-bad and not silently shortened.
+GNU long names and pax path/size records: one `struct` unpack and one `int()` per numeric field) in
+about 4 µs per member on the 2-vCPU development VM (5.3 µs with a slice and a parse per field, 1.4x
+slower; medians of 10 alternated passes over 20,000 members), checks each header's checksum (the
+byte sum through Adler-32: exact, and six times faster than `sum()`), and raises `TarFormatError`
+on a corrupt header or a truncated member, so a bad shard is caught where it goes bad and not
+silently shortened.
 """
 from __future__ import annotations
 

@@ -74,13 +74,15 @@ def _redirect_output(path: Path) -> None:
     sys.stdin = open(0, "r", closefd=False)
 
 
-def _elastic_logs_in(folder: Path) -> None:
-    """Make torch elastic's log folder a part of the run. Without a log_dir (notebook_launcher passes
-    none), elastic makes a fresh tempfile.mkdtemp("torchelastic_") per launch and never removes it:
-    one more folder in /tmp for every launch. Here, in the supervisor only, the temp dir is the
-    run's `elastic/` folder; each rank sets it back before the user's code runs (`RankEntry`)."""
+def _elastic_logs_in(folder: Path) -> str | None:
+    """Make torch elastic's log folder a part of the run. Without a log_dir (notebook_launcher
+    passes none), elastic makes a fresh tempfile.mkdtemp("torchelastic_") per launch and never
+    removes it: one more folder in /tmp for every launch. Here, in the supervisor only, the temp dir
+    is the run's `elastic/` folder; returns the one it replaces, which each rank sets back before
+    the user's code runs (`RankEntry`)."""
     folder.mkdir(parents=True, exist_ok=True)
-    tempfile.tempdir = str(folder)
+    previous, tempfile.tempdir = tempfile.tempdir, str(folder)
+    return previous
 
 
 class RankEntry:
@@ -189,8 +191,7 @@ def supervise(spec: Spec) -> None:
         # terminates the workers; we record "stopped".
         from accelerate import notebook_launcher
 
-        entry = RankEntry(spec.fn, spec.run_dir, tempdir=tempfile.tempdir)
-        _elastic_logs_in(run_dir / "elastic")
+        entry = RankEntry(spec.fn, spec.run_dir, tempdir=_elastic_logs_in(run_dir / "elastic"))
         monitor = RankMonitor(run_dir)
         monitor.start()
         try:
