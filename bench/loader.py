@@ -7,12 +7,16 @@ Workers: one per core, one core left to the process that takes the batches (1 on
 the limit counts a core per worker); `--workers 2` there shows what the cores give with none left.
 Each figure is the best of 2 rounds; the loader's ratio to its pipeline limit is the median of 15
 back-to-back (limit, loader, limit) pairs (those during which the hypervisor stole more than 1% of
-the CPU time left out when 3 or more remain; every pair is printed with its steal). Takes several
-minutes on 2 cores. Extra arguments go to `gpu-lab bench loader` (e.g. --workers 4).
+the CPU time left out when 3 or more remain; every pair is printed with its steal). Then 4 passes
+with the worker sharing a core with a limit process (gpu_lab.data.samecore): loader / limit images
+per CPU-second without the host's second-to-second drift, and a calibration of that instrument
+(two limit processes on one core: 1.00). Takes several minutes on 2 cores. Extra arguments go to
+`gpu-lab bench loader` (e.g. --workers 4).
 """
 import sys
 
 from gpu_lab.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main(["bench", "loader", "--n", "10000", "--repeats", "2", "--pairs", "15", *sys.argv[1:]]))
+    sys.exit(main(["bench", "loader", "--n", "10000", "--repeats", "2", "--pairs", "15",
+                   "--same-core", "4", *sys.argv[1:]]))

@@ -79,6 +79,9 @@ def _add_bench_loader(bench_subparsers) -> None:
     p.add_argument("--pairs", type=int, default=3,
                    help="back-to-back (limit, loader, limit) pairs; the loader / limit ratio is "
                         "their median (default 3)")
+    p.add_argument("--same-core", type=int, default=2, metavar="PASSES",
+                   help="loader passes with each worker sharing a core with a limit process: the "
+                        "loader / limit ratio without the host's speed drift (default 2; 0 skips)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=_run_bench_loader)
 
@@ -91,7 +94,8 @@ def _run_bench_loader(args: argparse.Namespace) -> int:
     report = benchmark(args.data, n=args.n, image_size=args.image_size, crop_size=args.crop_size,
                        num_workers=args.workers, batch_size=args.batch_size, augment=args.augment,
                        work_dir=args.work_dir, cold=not args.no_cold, data_wait_steps=args.steps,
-                       repeats=args.repeats, limit_pairs=args.pairs, progress=not args.json)
+                       repeats=args.repeats, limit_pairs=args.pairs,
+                       same_core_passes=args.same_core, progress=not args.json)
     print(json.dumps(report.to_dict(), indent=1) if args.json else report.table())
     return 0
 

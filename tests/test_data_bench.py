@@ -17,7 +17,7 @@ from gpu_lab.data.pagecache import evict, resident_fraction
 def test_bench_loader_cli_reports_every_measurement(tmp_path, capsys):
     rc = main(["bench", "loader", "--n", "96", "--image-size", "40", "--crop-size", "32",
                "--workers", "2", "--batch-size", "16", "--steps", "3", "--repeats", "2", "--pairs", "2",
-               "--work-dir", str(tmp_path),
+               "--same-core", "1", "--work-dir", str(tmp_path),
                "--json"])
     assert rc == 0
     d = json.loads(capsys.readouterr().out)
@@ -33,6 +33,13 @@ def test_bench_loader_cli_reports_every_measurement(tmp_path, capsys):
     assert min(d["limit_pairs"]) <= d["ratios"]["shards_vs_limit"] <= max(d["limit_pairs"])
     # the hypervisor's steal is measured for each pair and for the run (Linux reports it)
     assert len(d["pair_steal"]) == 2 and all(0.0 <= x <= 1.0 for x in d["pair_steal"])
+    # the workers' share of time on a CPU in each pair's loader pass; the same-core passes need a
+    # core per worker and one more (2 workers: 3 cores), or the report says why there are none
+    assert len(d["worker_busy"]) == 2 and all(0.0 < x <= 1.01 for x in d["worker_busy"])
+    if (os.cpu_count() or 1) >= 3 and len(os.sched_getaffinity(0)) >= 3:
+        assert len(d["same_core"]) == 1 and "shards_vs_limit_same_core" in d["ratios"]
+    else:
+        assert d["same_core"] == [] and "need 3 cores" in d["same_core_note"]
     assert 0.0 <= d["steal"] <= 1.0
     assert 0.0 <= d["data_wait"]["shards"] <= 1.0 and 0.0 <= d["data_wait"]["naive"] <= 1.0
     assert d["n_images"] == 96 and d["num_shards"] >= 1 and d["writer_images_per_minute"] > 0
@@ -84,6 +91,21 @@ def test_loader_vs_limit_is_the_median_of_the_quiet_pairs():
     noisy = BenchReport.from_dict({**report.to_dict(), "pair_steal": [0.0, 0.03, 0.02, 0.05, 0.0]})
     assert noisy.quiet_pairs() == pairs and noisy.ratios["shards_vs_limit"] == pytest.approx(0.92)
     assert "median of 5 back-to-back pairs" in noisy.table()
+
+
+def test_same_core_estimate_is_the_passes_median_times_the_workers_time_on_a_cpu():
+    report = BenchReport(n_images=10, source_size=8, crop_size=8, num_workers=1, batch_size=2,
+                         augment="basic", rates={"shards_warm": 1.0, "limit": 1.0},
+                         limit_pairs=[0.85], pair_steal=[0.0], same_core=[0.97, 0.95, 0.99],
+                         worker_busy=[0.99, 0.995, 0.98])
+    assert report.ratios["shards_vs_limit_same_core"] == pytest.approx(0.97 * 0.99)
+    table = report.table()
+    assert "shards_vs_limit_same_core    0.96x " in table  # a reading, not judged
+    assert "median of 3 passes: 0.970 (0.970 0.950 0.990)" in table and "99.0%" in table
+    none = BenchReport.from_dict({**report.to_dict(), "same_core": [],
+                                  "same_core_note": "1 worker(s) need 2 cores"})
+    assert "shards_vs_limit_same_core" not in none.ratios
+    assert "not measured: 1 worker(s) need 2 cores" in none.table()
 
 
 def test_steal_seconds_is_read_from_proc_stat():

@@ -1,0 +1,266 @@
+"""The loader against its pipeline limit on the same cores at the same time: a ratio that the host's
+speed swings do not move.
+
+On a shared virtual machine a vCPU's speed drifts by 10-15% within seconds (other guests, the
+host's hyperthread siblings; the hypervisor's "steal" does not show it). A loader pass and a limit
+pass measured one after the other differ by that much before anything about the loader shows: the
+benchmark's back-to-back (limit, loader, limit) pairs range 0.76-1.09 for the same code on the
+development VM, so a median of 15 pairs still moves by about +-0.04 from run to run.
+
+Here each of the loader's worker processes shares one core with a process that runs the pipeline
+limit (decode + transforms + batching, on encoded bytes already in memory, as `bench.pipeline_limit`
+does). The kernel time-slices the two every few milliseconds, so both run on the same machine at
+the same moments. Over windows of the loader's batches, each one's images per CPU-second (all its
+threads' time on a CPU, from /proc/<pid>/task/*/schedstat, in ns) give the ratio: what a worker
+spends per image against what decode + transforms cost on their own. `calibrate` puts the
+instrument on a known answer: two limit processes sharing a core read 1.00 (+-0.03 per window of
+1,024 images on the development VM; the benchmark prints this check every run), and one of them
+with 22 us of extra work per image (~5%) reads 0.95.
+
+That ratio is about CPU cost. The loader's wall-clock rate is its images per CPU-second times the
+share of the time its workers are on a CPU rather than waiting (for the training process to take a
+batch, for the GIL): `WorkerClock` measures that share during ordinary passes, where each worker has
+a core to itself. Their product estimates the loader / limit ratio of wall-clock rates without the
+host's drift; it needs Linux (schedstat, CPU affinity) and a core for the process that takes the
+batches besides one per worker. It is steady within a run but moves between runs hours apart
+(0.91-0.98 on one day on the development VM): the host's memory traffic slows the loader, which
+streams shards through the caches, more than the limit, whose 2,000 images stay in the last-level
+cache.
+"""
+from __future__ import annotations
+
+import glob
+import multiprocessing as mp
+import os
+import time
+from contextlib import contextmanager
+from typing import Any, Callable, Iterable, Iterator
+
+import torch
+
+from .transforms import build_transform, decode
+
+
+def task_cpu_ns(pid: int, tid: int | None = None) -> int | None:
+    """Nanoseconds on a CPU of thread `tid` of process `pid`, or of all its threads when `tid` is
+    None (schedstat's first field); None when the process is gone or /proc has no schedstat."""
+    pattern = f"/proc/{pid}/task/{'*' if tid is None else tid}/schedstat"
+    files = glob.glob(pattern)
+    if not files:
+        return None
+    total = 0
+    for path in files:
+        try:
+            with open(path) as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            if tid is not None:
+                return None  # the thread asked for is gone; a vanished sibling thread is not
+    return total
+
+
+def child_pids() -> set[int]:
+    """The pids of this process's children (all of its threads' children), from /proc."""
+    out: set[int] = set()
+    for path in glob.glob(f"/proc/{os.getpid()}/task/*/children"):
+        try:
+            with open(path) as f:
+                out.update(int(p) for p in f.read().split())
+        except OSError:
+            pass
+    return out
+
+
+def supported(num_workers: int) -> str | None:
+    """Why the same-core measurement cannot run here (None when it can)."""
+    if not hasattr(os, "sched_setaffinity"):
+        return "no CPU affinity on this platform"
+    if task_cpu_ns(os.getpid()) is None:
+        return "no /proc/<pid>/task/*/schedstat (Linux with schedstats)"
+    if num_workers < 1:
+        return "it compares worker processes (num_workers >= 1)"
+    cores = len(os.sched_getaffinity(0))
+    if cores < num_workers + 1:
+        return (f"{num_workers} worker(s) need {num_workers + 1} cores (one per worker, one for "
+                f"the process that takes the batches); this process may use {cores}")
+    return None
+
+
+class WorkerClock:
+    """CPU time of a loader's worker processes (their main threads: the ones that decode), read from
+    the process that iterates the loader. The workers are found at the first `read()`: the children
+    of this process that did not exist when the clock was made."""
+
+    def __init__(self) -> None:
+        self._before = child_pids()
+        self.pids: list[int] = []
+
+    def read(self) -> int | None:
+        """Total ns on a CPU of the workers' main threads; None when a worker has gone."""
+        if not self.pids:
+            self.pids = sorted(child_pids() - self._before)
+            if not self.pids:
+                return None
+        total = 0
+        for pid in self.pids:
+            ns = task_cpu_ns(pid, pid)
+            if ns is None:
+                return None
+            total += ns
+        return total
+
+
+def _limit_loop(encoded: list[bytes], crop_size: int, augment: str, batch_size: int,
+                counter: Any, core: int, extra_us: float = 0.0, tick: Any = None,
+                tick_images: int = 0) -> None:
+    """In a limit process: decode + transform + stack batches of `encoded` forever, pinned to
+    `core`, counting every image in `counter` (one writer, no lock). For `calibrate`: `extra_us` of
+    CPU spent after every image, and a message on `tick` (a pipe) every `tick_images` images."""
+    os.sched_setaffinity(0, {core})
+    torch.set_num_threads(1)  # as in a DataLoader worker
+    tf = build_transform(True, crop_size, augment, normalize=False)
+    i, n = 0, len(encoded)
+    while True:
+        images = []
+        for _ in range(batch_size):
+            images.append(tf(decode(encoded[i])))
+            i = (i + 1) % n
+            if extra_us:
+                until = time.thread_time() + extra_us / 1e6
+                while time.thread_time() < until:
+                    pass
+            counter.value += 1
+            if tick is not None and counter.value % tick_images == 0:
+                tick.send(counter.value)
+        torch.stack(images)
+
+
+def _pin_process(pid: int, core: int) -> None:
+    for path in glob.glob(f"/proc/{pid}/task/*"):
+        try:
+            os.sched_setaffinity(int(path.rsplit("/", 1)[1]), {core})
+        except (ProcessLookupError, FileNotFoundError):
+            pass
+
+
+@contextmanager
+def _limit_processes(encoded: list[bytes], crop_size: int, augment: str, batch_size: int,
+                     cores: list[int], **extra: Any) -> Iterator[list[tuple[Any, Any]]]:
+    """One limit process per core in `cores`, as (process, image counter); killed on exit."""
+    ctx = mp.get_context("fork")
+    procs = []
+    try:
+        for core in cores:
+            counter = ctx.RawValue("q", 0)
+            proc = ctx.Process(target=_limit_loop, daemon=True, kwargs=extra,
+                               args=(encoded, crop_size, augment, batch_size, counter, core))
+            proc.start()
+            procs.append((proc, counter))
+        yield procs
+    finally:
+        for proc, _ in procs:
+            proc.kill()
+        for proc, _ in procs:
+            proc.join()
+
+
+def same_core_passes(make_loader: Callable[[], Iterable], num_workers: int, encoded: list[bytes],
+                     crop_size: int, augment: str, batch_size: int, *, passes: int = 4,
+                     progress: Callable[[str], None] | None = None) -> list[float]:
+    """Loader / limit images per CPU-second over each of `passes` passes of `make_loader()`, from
+    the arrival of its first batch to that of its last (a whole pass: the shuffle buffer's first
+    fill reads two samples per sample yielded, its last drain none), with worker k and limit
+    process k on core k and this process on the cores left. Raises RuntimeError with the reason where
+    `supported` has one."""
+    why = supported(num_workers)
+    if why is not None:
+        raise RuntimeError(f"same-core measurement unavailable: {why}")
+    own = os.sched_getaffinity(0)
+    cores = sorted(own)
+    worker_cores, rest = cores[:num_workers], set(cores[num_workers:])
+    out: list[float] = []
+    try:
+        os.sched_setaffinity(0, rest)  # the workers fork from here: they start on `rest` too
+        with _limit_processes(encoded, crop_size, augment, batch_size, worker_cores) as limits:
+            limit_pids = {proc.pid for proc, _ in limits}
+            for _ in range(passes):
+                before = child_pids() | limit_pids
+                it = iter(make_loader())
+                try:
+                    next(it)
+                except StopIteration:
+                    raise RuntimeError("the loader yielded no batch") from None
+                workers = sorted(child_pids() - before)
+                if len(workers) != num_workers:
+                    raise RuntimeError(f"expected {num_workers} worker process(es), found "
+                                       f"{len(workers)}: {workers}")
+                for pid, core in zip(workers, worker_cores):
+                    _pin_process(pid, core)
+
+                def snapshot(images: int) -> tuple[int, ...] | None:
+                    w = [task_cpu_ns(p) for p in workers]
+                    lc = [task_cpu_ns(proc.pid) for proc, _ in limits]
+                    if None in w or None in lc:  # a worker has ended: the pass is over
+                        return None
+                    return images, sum(w), sum(c.value for _, c in limits), sum(lc)  # type: ignore
+
+                first = last = snapshot(0)
+                images = 0
+                for batch in it:  # a snapshot at every batch: the last one is taken while the
+                    images += len(batch[1])  # workers still run (they end after the pass)
+                    now = snapshot(images) if last is not None else None
+                    last = now if now is not None else last
+                del it  # the workers shut down
+                if first is None or last is None or last[0] == 0:
+                    raise RuntimeError("the loader's workers could not be followed through /proc")
+                d_img, d_wcpu, d_lim, d_lcpu = (b - a for a, b in zip(first, last))
+                out.append((d_img / d_wcpu) / (d_lim / d_lcpu))
+                if progress:
+                    progress(f"same-core pass {len(out)}: loader / limit per CPU-second = "
+                             f"{out[-1]:.3f} ({d_img} images)")
+    finally:
+        os.sched_setaffinity(0, own)
+    return out
+
+
+def calibrate(encoded: list[bytes], crop_size: int, augment: str, batch_size: int, *,
+              extra_us: float = 0.0, windows: int = 6, window_images: int = 1024) -> list[float]:
+    """The instrument on a known answer: two limit processes share one core, the second one
+    spending `extra_us` more CPU per image; B / A images per CPU-second over `windows` windows of
+    B's images. Expect 1.00 with no extra work, and t / (t + extra_us) for a limit that takes t us
+    per image on a shared core."""
+    why = supported(1)
+    if why is not None:
+        raise RuntimeError(f"same-core measurement unavailable: {why}")
+    own = os.sched_getaffinity(0)
+    cores = sorted(own)
+    receive, send = mp.get_context("fork").Pipe(duplex=False)
+    out: list[float] = []
+    try:
+        os.sched_setaffinity(0, set(cores[1:]))
+        with _limit_processes(encoded, crop_size, augment, batch_size, cores[:1]) as (a,), \
+                _limit_processes(encoded, crop_size, augment, batch_size, cores[:1],
+                                 extra_us=extra_us, tick=send, tick_images=window_images) as (b,):
+            def snapshot() -> tuple[int, ...]:
+                return (a[1].value, task_cpu_ns(a[0].pid) or 0,
+                        b[1].value, task_cpu_ns(b[0].pid) or 0)
+
+            def next_tick() -> None:
+                while not receive.poll(5.0):
+                    if not (a[0].is_alive() and b[0].is_alive()):
+                        raise RuntimeError("a limit process died during the calibration")
+                receive.recv()
+
+            next_tick()  # B's first window: both are running and warm
+            start = snapshot()
+            for _ in range(windows):
+                next_tick()
+                end = snapshot()
+                d_a, d_acpu, d_b, d_bcpu = (y - x for x, y in zip(start, end))
+                out.append((d_b / d_bcpu) / (d_a / d_acpu))
+                start = end
+    finally:
+        os.sched_setaffinity(0, own)
+        receive.close()
+        send.close()
+    return out
