@@ -71,7 +71,7 @@ def test_unavailable_where_a_worker_cannot_have_a_core_of_its_own(monkeypatch, d
 def test_worker_clock_gives_the_share_of_time_the_workers_decode(data):
     """Read at every batch by `throughput`: the workers' decoding threads' time on a CPU over the
     steady state, a share of the wall time (of each worker's)."""
-    p = throughput(_loader(data[0], 2), samecore.WorkerClock(), workers=2)
+    p = throughput(_loader(data[0], 2), samecore.WorkerClock())
     assert p.busy is not None and 0.0 < p.busy <= 1.01
     assert throughput(_loader(data[0])).busy is None  # no clock, no share
 

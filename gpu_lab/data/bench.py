@@ -30,10 +30,8 @@ workers and the same augmentation operations (RandomResizedCrop + flip, or + Aut
   the share of the time the workers were on a CPU in the pairs' loader passes (`WorkerClock`; the
   rest they waited), that estimates the wall-clock ratio. Within a run its passes agree to about
   +-0.01 where the pairs spread over +-0.1, and a calibration (two limit processes on one core)
-  reads 1.00; between runs hours apart it moves (0.91-0.98 on one day on the development VM), as
-  the host's memory traffic weighs on the loader, which streams shards through the caches, more
-  than on the limit, which cycles through 2,000 images that stay in the last-level cache. It is
-  printed next to the issue's target, not judged against it;
+  reads 1.00; between runs it moves (passes from 0.90 to 0.99 on one day here; see `samecore`
+  for why). It is printed next to the issue's target, not judged against it;
 - ``parallel limit``: the same in-memory pipeline in as many processes as workers, all at once:
   what the cores deliver together (shared caches and memory bandwidth make it less than the
   one-core figure times the workers), the ceiling a loader can actually approach.
@@ -331,14 +329,14 @@ def _cpu_seconds() -> float:
     return t.user + t.system + t.children_user + t.children_system
 
 
-def throughput(loader: Iterable, clock: WorkerClock | None = None, workers: int = 1) -> Pass:
+def throughput(loader: Iterable, clock: WorkerClock | None = None) -> Pass:
     """One pass. The wall clock runs from the arrival of the first batch to that of the last: the
     steady state, without the workers' start-up or their shutdown (a DataLoader joins its workers
     before it raises StopIteration: 16-33 ms here, 0.4-0.6% of a pass over 10,000 images, which the
     rate would otherwise charge to the loader). The CPU clock runs from iter() until the workers
     have been joined, start-up and shutdown included: that is CPU the loader costs.
-    `clock` (made before the loader's workers start), with the number of `workers`: also measure the
-    share of that steady state the workers spent on a CPU, read at every batch."""
+    `clock` (made before the loader's workers start): also measure the share of that steady state
+    the workers spent on a CPU, read at every batch."""
     cpu0 = _cpu_seconds()
     it = iter(loader)
     first = next(it)
@@ -358,7 +356,7 @@ def throughput(loader: Iterable, clock: WorkerClock | None = None, workers: int 
     total = n + len(first[1])
     busy = None
     if ns0 is not None and ns_last is not None and dt > 0:
-        busy = (ns_last - ns0) / 1e9 / (dt * max(1, workers))
+        busy = (ns_last - ns0) / 1e9 / (dt * len(clock.pids))  # type: ignore[union-attr]
     return Pass(rate=n / dt if dt > 0 else float("inf"), images=total,
                 cpu_rate=total / cpu if cpu > 0 else float("inf"), busy=busy)
 
@@ -595,7 +593,7 @@ def _measure(data_dir: Path, shard_dir: Path, written, zwritten, classes: list[s
     for _ in range(limit_pairs):
         steal0, t0 = steal_seconds(), time.perf_counter()
         before = pipeline_limit(encoded, crop_size, augment, batch_size)
-        loader = throughput(shards(), WorkerClock(), num_workers)
+        loader = throughput(shards(), WorkerClock())
         after = pipeline_limit(encoded, crop_size, augment, batch_size)
         for p in (before, after):
             record("limit_one_core", p)
@@ -609,8 +607,7 @@ def _measure(data_dir: Path, shard_dir: Path, written, zwritten, classes: list[s
         _log(progress, f"pair: loader / limit = {report.limit_pairs[-1]:.3f}"
                        + ("" if stolen is None else f", {stolen:.1%} of the CPU time stolen"))
     if same_core_passes > 0:
-        why = samecore.supported(num_workers)
-        if why is None:
+        try:  # raises with the reason where it cannot run: the other figures are kept
             report.same_core = samecore.same_core_passes(
                 shards, num_workers, encoded, crop_size, augment, batch_size,
                 passes=same_core_passes, progress=lambda msg: _log(progress, msg))
@@ -618,8 +615,8 @@ def _measure(data_dir: Path, shard_dir: Path, written, zwritten, classes: list[s
             report.same_core_check = samecore.calibrate(encoded, crop_size, augment, batch_size)
             _log(progress, "same-core check, limit / limit: "
                  + " ".join(f"{x:.3f}" for x in report.same_core_check))
-        else:
-            report.same_core_note = why
+        except RuntimeError as exn:
+            report.same_core_note = str(exn).removeprefix("same-core measurement unavailable: ")
     report.limit_one_core = report.rates.pop("limit_one_core")
     report.naive_limit_one_core = report.rates.pop("naive_limit")
     report.rates["limit"] = report.limit_one_core * max(1, num_workers)

@@ -10,7 +10,7 @@ development VM, so a median of 15 pairs still moves by about +-0.04 from run to 
 Here each of the loader's worker processes shares one core with a process that runs the pipeline
 limit (decode + transforms + batching, on encoded bytes already in memory, as `bench.pipeline_limit`
 does). The kernel time-slices the two every few milliseconds, so both run on the same machine at
-the same moments. Over windows of the loader's batches, each one's images per CPU-second (all its
+the same moments. Over whole passes of the loader, each one's images per CPU-second (all its
 threads' time on a CPU, from /proc/<pid>/task/*/schedstat, in ns) give the ratio: what a worker
 spends per image against what decode + transforms cost on their own. `calibrate` puts the
 instrument on a known answer: two limit processes sharing a core read 1.00 (+-0.03 per window of
@@ -22,10 +22,11 @@ share of the time its workers are on a CPU rather than waiting (for the training
 batch, for the GIL): `WorkerClock` measures that share during ordinary passes, where each worker has
 a core to itself. Their product estimates the loader / limit ratio of wall-clock rates without the
 host's drift; it needs Linux (schedstat, CPU affinity) and a core for the process that takes the
-batches besides one per worker. It is steady within a run but moves between runs hours apart
-(0.91-0.98 on one day on the development VM): the host's memory traffic slows the loader, which
-streams shards through the caches, more than the limit, whose 2,000 images stay in the last-level
-cache.
+batches besides one per worker. It is steady within a run (passes within about +-0.01); between
+runs it moved (passes from 0.90 to 0.99 on one day on the development VM, 0.91 in both benchmark
+runs), probably as the host's memory traffic slows the loader, which streams shards through the
+caches, more than the limit, whose 2,000 images stay in the last-level cache; and the same loader
+reads a few per cent lower in a process that has run other loaders before (not explained yet).
 """
 from __future__ import annotations
 
@@ -87,23 +88,26 @@ def supported(num_workers: int) -> str | None:
 
 
 class WorkerClock:
-    """CPU time of a loader's worker processes (their main threads: the ones that decode), read from
-    the process that iterates the loader. The workers are found at the first `read()`: the children
-    of this process that did not exist when the clock was made."""
+    """CPU time of a loader's worker processes, read from the process that iterates the loader. The
+    workers are the children of this process that did not exist when the clock was made, found at
+    the first `find()` or `read()` (make the clock before the loader starts its workers, read it
+    after the first batch)."""
 
     def __init__(self) -> None:
         self._before = child_pids()
         self.pids: list[int] = []
 
-    def read(self) -> int | None:
-        """Total ns on a CPU of the workers' main threads; None when a worker has gone."""
+    def find(self) -> list[int]:
         if not self.pids:
             self.pids = sorted(child_pids() - self._before)
-            if not self.pids:
-                return None
+        return self.pids
+
+    def read(self, all_threads: bool = False) -> int | None:
+        """Total ns on a CPU of the workers' main threads (the ones that decode), or of all their
+        threads; None when there are no workers (yet) or one has gone."""
         total = 0
-        for pid in self.pids:
-            ns = task_cpu_ns(pid, pid)
+        for pid in self.find() or [None]:
+            ns = None if pid is None else task_cpu_ns(pid, None if all_threads else pid)
             if ns is None:
                 return None
             total += ns
@@ -164,14 +168,22 @@ def _limit_processes(encoded: list[bytes], crop_size: int, augment: str, batch_s
             proc.join()
 
 
+def _limit_totals(limits: list[tuple[Any, Any]]) -> tuple[int, int] | None:
+    """(images, ns on a CPU) of these limit processes together; None when one has gone."""
+    cpu = [task_cpu_ns(proc.pid) for proc, _ in limits]
+    if None in cpu:
+        return None
+    return sum(counter.value for _, counter in limits), sum(cpu)  # type: ignore[arg-type]
+
+
 def same_core_passes(make_loader: Callable[[], Iterable], num_workers: int, encoded: list[bytes],
                      crop_size: int, augment: str, batch_size: int, *, passes: int = 4,
                      progress: Callable[[str], None] | None = None) -> list[float]:
     """Loader / limit images per CPU-second over each of `passes` passes of `make_loader()`, from
     the arrival of its first batch to that of its last (a whole pass: the shuffle buffer's first
     fill reads two samples per sample yielded, its last drain none), with worker k and limit
-    process k on core k and this process on the cores left. Raises RuntimeError with the reason where
-    `supported` has one."""
+    process k on core k and this process on the cores left. Raises RuntimeError with the reason
+    where `supported` has one."""
     why = supported(num_workers)
     if why is not None:
         raise RuntimeError(f"same-core measurement unavailable: {why}")
@@ -182,15 +194,14 @@ def same_core_passes(make_loader: Callable[[], Iterable], num_workers: int, enco
     try:
         os.sched_setaffinity(0, rest)  # the workers fork from here: they start on `rest` too
         with _limit_processes(encoded, crop_size, augment, batch_size, worker_cores) as limits:
-            limit_pids = {proc.pid for proc, _ in limits}
             for _ in range(passes):
-                before = child_pids() | limit_pids
+                clock = WorkerClock()  # the limit processes are children already: not workers
                 it = iter(make_loader())
                 try:
                     next(it)
                 except StopIteration:
                     raise RuntimeError("the loader yielded no batch") from None
-                workers = sorted(child_pids() - before)
+                workers = clock.find()
                 if len(workers) != num_workers:
                     raise RuntimeError(f"expected {num_workers} worker process(es), found "
                                        f"{len(workers)}: {workers}")
@@ -198,11 +209,10 @@ def same_core_passes(make_loader: Callable[[], Iterable], num_workers: int, enco
                     _pin_process(pid, core)
 
                 def snapshot(images: int) -> tuple[int, ...] | None:
-                    w = [task_cpu_ns(p) for p in workers]
-                    lc = [task_cpu_ns(proc.pid) for proc, _ in limits]
-                    if None in w or None in lc:  # a worker has ended: the pass is over
+                    w, lim = clock.read(all_threads=True), _limit_totals(limits)
+                    if w is None or lim is None:  # a worker has ended: the pass is over
                         return None
-                    return images, sum(w), sum(c.value for _, c in limits), sum(lc)  # type: ignore
+                    return images, w, *lim
 
                 first = last = snapshot(0)
                 images = 0
@@ -242,13 +252,14 @@ def calibrate(encoded: list[bytes], crop_size: int, augment: str, batch_size: in
                 _limit_processes(encoded, crop_size, augment, batch_size, cores[:1],
                                  extra_us=extra_us, tick=send, tick_images=window_images) as (b,):
             def snapshot() -> tuple[int, ...]:
-                return (a[1].value, task_cpu_ns(a[0].pid) or 0,
-                        b[1].value, task_cpu_ns(b[0].pid) or 0)
+                totals = _limit_totals([a]), _limit_totals([b])
+                if None in totals:
+                    raise RuntimeError("a limit process died during the calibration")
+                return (*totals[0], *totals[1])  # type: ignore[misc]
 
             def next_tick() -> None:
                 while not receive.poll(5.0):
-                    if not (a[0].is_alive() and b[0].is_alive()):
-                        raise RuntimeError("a limit process died during the calibration")
+                    snapshot()  # raises when a limit process has died
                 receive.recv()
 
             next_tick()  # B's first window: both are running and warm
