@@ -23,10 +23,11 @@ batch, for the GIL): `WorkerClock` measures that share during ordinary passes, w
 a core to itself. Their product estimates the loader / limit ratio of wall-clock rates without the
 host's drift; it needs Linux (schedstat, CPU affinity) and a core for the process that takes the
 batches besides one per worker. It is steady within a run (passes within about +-0.01); between
-runs it moved (passes from 0.90 to 0.99 on one day on the development VM, 0.91 in both benchmark
-runs), probably as the host's memory traffic slows the loader, which streams shards through the
-caches, more than the limit, whose 2,000 images stay in the last-level cache; and the same loader
-reads a few per cent lower in a process that has run other loaders before (not explained yet).
+runs it moved (passes from 0.90 to 0.99 over a day on the development VM). Nor is it exact for two
+different programs: a loop with the limit's work per image, written differently, read 0.94-1.05
+against a limit process over one hour on that VM, while copies of the limit's own loop read
+0.99-1.01 against it (sd 0.006 over 8 fresh processes), so `calibrate`, which runs two copies,
+cannot see that bias. Instruction counts do not drift: bench/loader_instructions.py.
 """
 from __future__ import annotations
 
