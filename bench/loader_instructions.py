@@ -6,7 +6,7 @@ within seconds, so its ratio moves by several per cent between runs. Instruction
 drift. This script counts them for one epoch over the same images, three ways, each in its own
 process under callgrind:
 
-- ``limit``: decode + transforms + torch.stack on the encoded bytes, in memory, in shard order;
+- ``limit``: decode + transforms + torch.stack on the encoded bytes of the same images, in memory;
 - ``in-process``: `shard_loader(num_workers=0)` over shards of those images: reading the tars,
   grouping members, shuffle buffer, decode + transforms, batching;
 - ``worker``: the same loader with one DataLoader worker; the worker process is counted, from its
@@ -29,6 +29,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 BATCH = 64
@@ -41,21 +42,18 @@ def _ctl(*args: str) -> None:
     subprocess.run(["callgrind_control", *args, str(os.getpid())], check=True, capture_output=True)
 
 
-def child(mode: str, shard_dir: str) -> None:
-    """Runs under callgrind with instrumentation off; switches it on around one epoch."""
+def child(mode: str, data_dir: str) -> None:
+    """Runs under callgrind with instrumentation off; switches it on around one epoch over
+    `data_dir`/shards (the limit: over the same images, read from `data_dir`/images)."""
     import torch
 
     from gpu_lab.data.loader import shard_loader
-    from gpu_lab.data.shards import resolve_shards
-    from gpu_lab.data.tario import iter_members, open_shard
+    from gpu_lab.data.shards import image_folder_files
     from gpu_lab.data.transforms import build_transform, decode
 
     torch.set_num_threads(1)  # as in a DataLoader worker
     torch.manual_seed(0)  # the same crops every run (a worker seeds itself from the loader's seed)
-    encoded = []  # every JPEG of the epoch, in shard order
-    for url in resolve_shards(shard_dir)[0]:
-        with open_shard(url) as stream:
-            encoded += [data for name, data in iter_members(stream) if name.endswith(".jpg")]
+    encoded = [path.read_bytes() for path, _ in image_folder_files(Path(data_dir, "images"))[1]]
     tf = build_transform(True, CROP, "basic", normalize=False)
     for data in encoded[:BATCH]:  # the same warm-up for all three, as pipeline_limit does
         tf(decode(data))
@@ -63,20 +61,18 @@ def child(mode: str, shard_dir: str) -> None:
         _ctl("-i", "on")
         for i in range(0, len(encoded), BATCH):
             torch.stack([tf(decode(d)) for d in encoded[i:i + BATCH]])
-        _ctl("-i", "off")
-        _ctl("-d", "limit")
-        print(f"images {len(encoded)}")
-        return
-    workers = 1 if mode == "worker" else 0
-    loader = shard_loader(shard_dir, BATCH, image_size=CROP, num_workers=workers, rank=0,
-                          world_size=1, pin_memory=False, output="uint8")
-    _ctl("-i", "on")  # a forked worker starts with it on; this process switches off after batch 1
-    images = 0
-    for batch in loader:
-        images += len(batch[1])
-        if workers and images == len(batch[1]):
-            _ctl("-i", "off")
-    if not workers:
+        images = len(encoded)
+    else:
+        loader = shard_loader(Path(data_dir, "shards"), BATCH, image_size=CROP,
+                              num_workers=1 if mode == "worker" else 0, rank=0, world_size=1,
+                              pin_memory=False, output="uint8")
+        _ctl("-i", "on")  # a forked worker starts with it on, and writes its counts at its exit
+        images = 0
+        for batch in loader:
+            images += len(batch[1])
+            if mode == "worker" and images == len(batch[1]):
+                _ctl("-i", "off")  # this process: only its worker is measured
+    if mode != "worker":
         _ctl("-i", "off")
         _ctl("-d", mode)
     print(f"images {images}")
@@ -104,11 +100,11 @@ def group(obj: str) -> str:
     return "other"
 
 
-def run(mode: str, shard_dir: Path, out_dir: Path) -> tuple[collections.Counter, int]:
+def run(mode: str, data_dir: Path, out_dir: Path) -> tuple[collections.Counter, int]:
     """(instructions per group, images) of `mode` under callgrind."""
     cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
            f"--callgrind-out-file={out_dir}/cg.{mode}.%p", sys.executable, __file__,
-           "--child", mode, "--shards", str(shard_dir)]
+           "--child", mode, "--data", str(data_dir)]
     env = dict(os.environ, PYTHONHASHSEED="0")  # the same dict and set orders every run
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     found = re.search(r"^images (\d+)$", proc.stdout, re.M)
@@ -133,10 +129,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--images", type=int, default=2560, help="images in the epoch (default 2560)")
     ap.add_argument("--child", choices=("limit", "in-process", "worker"), help=argparse.SUPPRESS)
-    ap.add_argument("--shards", help=argparse.SUPPRESS)
+    ap.add_argument("--data", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        child(args.child, args.shards)
+        child(args.child, args.data)
         return 0
     missing = [t for t in TOOLS if shutil.which(t) is None]
     if missing:
@@ -158,13 +154,9 @@ def main() -> int:
         print(f"loader instructions: {args.images} synthetic 160 px JPEGs in 8 shards, "
               f"crop {CROP}, batch {BATCH}, augment=basic; callgrind, one epoch each "
               f"(about 3 minutes)", flush=True)
-        with tempfile.TemporaryDirectory(dir=tmp) as out:
+        with tempfile.TemporaryDirectory(dir=tmp) as out, ThreadPoolExecutor(len(modes)) as pool:
             # the three runs at once: instruction counts do not depend on what else runs
-            from concurrent.futures import ThreadPoolExecutor
-
-            with ThreadPoolExecutor(len(modes)) as pool:
-                results = dict(zip(modes, pool.map(lambda m: run(m, work / "shards", Path(out)),
-                                                   modes)))
+            results = dict(zip(modes, pool.map(lambda m: run(m, work, Path(out)), modes)))
     names = ("decode + transforms", "Python interpreter", "libc", "other")
     print(f"{'instructions per image':24s}" + "".join(f"{n:>22s}" for n in names)
           + f"{'total':>12s}")
