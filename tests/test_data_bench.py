@@ -153,3 +153,16 @@ def test_evict_drops_files_from_the_page_cache(tmp_path):
     for p in files:
         p.read_bytes()
     assert resident_fraction(files) > 0.9
+
+
+def test_the_limit_decodes_all_the_loaders_images_within_its_memory_budget(tmp_path):
+    """The pipeline limit decodes every image the loader reads (a smaller sample would stay in the
+    CPU's caches between passes); above the memory budget, every k-th file, spread over the set."""
+    files = []
+    for i in range(10):
+        files.append(tmp_path / f"{i}.jpg")
+        files[-1].write_bytes(bytes(100))
+    assert bench.limit_sample(files) == files
+    assert bench.limit_sample(files, max_bytes=1000) == files
+    assert bench.limit_sample(files, max_bytes=999) == files[::2]
+    assert bench.limit_sample(files, max_bytes=300) == files[::4]
