@@ -46,8 +46,11 @@ def test_each_worker_shares_its_core_with_a_limit_process_and_nothing_is_left(da
                 yield batch
         return batches()
 
-    ratios = samecore.same_core_passes(make, 1, encoded, 16, "basic", 8, passes=2)
-    assert len(ratios) == 2 and all(math.isfinite(r) and r > 0 for r in ratios)
+    ratios = samecore.same_core_passes(
+        {"loader": make, "limit": lambda: samecore.limit_in_workers(encoded, 16, "basic", 8, 1)},
+        1, encoded, 16, "basic", 8, passes=2)
+    assert list(ratios) == ["loader", "limit"]
+    assert all(len(r) == 2 and all(math.isfinite(x) and x > 0 for x in r) for r in ratios.values())
     assert len(seen) == 2
     cores = sorted(own)
     for main_cores, kids in seen:
@@ -65,7 +68,8 @@ def test_unavailable_where_a_worker_cannot_have_a_core_of_its_own(monkeypatch, d
     assert "2 worker(s) need 3 cores" in why and "may use 2" in why
     assert "num_workers >= 1" in samecore.supported(0)
     with pytest.raises(RuntimeError, match="same-core measurement unavailable: 2 worker"):
-        samecore.same_core_passes(lambda: _loader(data[0], 2), 2, data[1], 16, "basic", 8)
+        samecore.same_core_passes({"loader": lambda: _loader(data[0], 2)}, 2, data[1], 16, "basic",
+                                  8)
 
 
 def test_worker_clock_gives_the_share_of_time_the_workers_decode(data):
@@ -87,3 +91,13 @@ def test_calibration_runs_two_limit_processes_on_one_core_and_ends_them(data):
     ratios = samecore.calibrate(data[1], 16, "basic", 8, extra_us=50.0, windows=2, window_images=64)
     assert len(ratios) == 2 and all(math.isfinite(r) and r > 0 for r in ratios)
     assert os.sched_getaffinity(0) == own and samecore.child_pids() == before
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_limit_in_workers_decodes_every_image_once(data, workers):
+    """The reference loader runs the limit's loop on the encoded images, split between its workers:
+    every image once per pass, counted by len(batch[1]) as the loader's batches are."""
+    encoded = data[1]
+    batches = list(samecore.limit_in_workers(encoded, 16, "basic", 8, workers))
+    assert sum(len(b[1]) for b in batches) == len(encoded)
+    assert all(b[0] is None and 0 < len(b[1]) <= 8 for b in batches)

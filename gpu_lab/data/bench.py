@@ -32,7 +32,11 @@ workers and the same augmentation operations (RandomResizedCrop + flip, or + Aut
   rest they waited), that estimates the wall-clock ratio. Within a run its passes agree to about
   +-0.01 where the pairs spread over +-0.1, and a calibration (two limit processes on one core)
   reads 1.00; between runs it moves (passes from 0.90 to 0.99 on one day here; see `samecore`
-  for why). It is printed next to the issue's target, not judged against it;
+  for why). It is printed next to the issue's target, not judged against it. In turns with the
+  loader's passes, the limit's own loop runs in DataLoader workers (`samecore.LimitInWorkers`):
+  the same code in a freshly forked worker process, with nothing to read and nothing handed
+  over, against the same limit processes: what the process model costs, which no loader in
+  DataLoader workers escapes, apart from what the loader adds;
 - ``parallel limit``: the same in-memory pipeline in as many processes as workers, all at once:
   what the cores deliver together (shared caches and memory bandwidth make it less than the
   one-core figure times the workers), the ceiling a loader can actually approach.
@@ -135,6 +139,9 @@ class BenchReport:
     pair_steal: list[float] = field(default_factory=list)  # share of CPU time stolen, per pair
     worker_busy: list[float] = field(default_factory=list)  # workers' time on a CPU, share, per pair
     same_core: list[float] = field(default_factory=list)  # loader / limit per CPU-second, per pass
+    # the limit's own loop in DataLoader workers (`samecore.LimitInWorkers`) / the limit, same core,
+    # per pass, in turns with the loader's passes: what a worker process gives the same code
+    same_core_worker_limit: list[float] = field(default_factory=list)
     same_core_note: str | None = None  # why there is no same-core measurement
     same_core_check: list[float] = field(default_factory=list)  # limit / limit on one core, windows
     naive_limit_one_core: float = 0.0
@@ -255,6 +262,13 @@ class BenchReport:
                          + " ".join(f"{x:.3f}" for x in self.same_core)
                          + f"), times the workers' time on a CPU in the pairs' loader passes: "
                          f"{busy}")
+            if self.same_core_worker_limit:
+                ref = statistics.median(self.same_core_worker_limit)
+                lines.append(f"  the limit's own loop in DataLoader workers, same core, in turns with "
+                             f"the loader: {ref:.3f} of the limit ("
+                             + " ".join(f"{x:.3f}" for x in self.same_core_worker_limit)
+                             + f"): what a worker process gives the same code; the loader reads "
+                             f"{statistics.median(self.same_core) / ref:.3f} of that")
             if self.same_core_check:
                 lines.append(f"  same-core check: two limit processes on one core read "
                              f"{statistics.median(self.same_core_check):.3f} (windows "
@@ -623,9 +637,14 @@ def _measure(data_dir: Path, shard_dir: Path, written, zwritten, classes: list[s
                        + ("" if stolen is None else f", {stolen:.1%} of the CPU time stolen"))
     if same_core_passes > 0:
         try:  # raises with the reason where it cannot run: the other figures are kept
-            report.same_core = samecore.same_core_passes(
-                shards, num_workers, encoded, crop_size, augment, batch_size,
+            passes = samecore.same_core_passes(
+                {"loader": shards,
+                 "limit in workers": lambda: samecore.limit_in_workers(
+                     encoded, crop_size, augment, batch_size, num_workers)},
+                num_workers, encoded, crop_size, augment, batch_size,
                 passes=same_core_passes, progress=lambda msg: _log(progress, msg))
+            report.same_core = passes["loader"]
+            report.same_core_worker_limit = passes["limit in workers"]
             # the instrument on a known answer: two limit processes on one core read 1.00
             report.same_core_check = samecore.calibrate(encoded, crop_size, augment, batch_size)
             _log(progress, "same-core check, limit / limit: "

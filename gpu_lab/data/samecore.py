@@ -28,6 +28,16 @@ different programs: a loop with the limit's work per image, written differently,
 against a limit process over one hour on that VM, while copies of the limit's own loop read
 0.99-1.01 against it (sd 0.006 over 8 fresh processes), so `calibrate`, which runs two copies,
 cannot see that bias. Instruction counts do not drift: bench/loader_instructions.py.
+
+Two references sharpen it. The first pass waits until the limit processes have been once through
+the images: a freshly forked limit process ran 3-5% slower per image through its first pass (its
+first touch of each image's object copies an inherited page; 1,000 copy-on-write faults per 1,000
+images, then none), so the first pass used to read 0.01-0.03 above the others. And the limit's own
+loop also runs in DataLoader workers (`LimitInWorkers`), in turns with the loader, against the same
+limit processes: 0.994-1.009 in the first run. A forked worker process costs that code nothing
+measurable, so what separates the loader from 1.00 is the loader's own work in its worker. (The
+same loop handing two small tensors per batch through torch's shared memory read 0.93-0.94 in an
+ad hoc run: torch's per-tensor hand-over costs more than gpu_lab's whole pipeline adds.)
 """
 from __future__ import annotations
 
@@ -39,6 +49,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator
 
 import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from .transforms import build_transform, decode
 
@@ -140,6 +151,34 @@ def _limit_loop(encoded: list[bytes], crop_size: int, augment: str, batch_size: 
         torch.stack(images)
 
 
+class LimitInWorkers(IterableDataset):
+    """The limit's own loop (decode + transforms + stack, on encoded bytes in memory) run where the
+    loader's work runs: in DataLoader worker processes, forked for the pass (worker k takes every
+    num_workers-th image). Only the count of each batch crosses to the training process: what it
+    measures against the limit is the worker process, not the loader's reading or hand-over. Its
+    batches are (None, range(images)): `len(batch[1])` counts images, as for the loader."""
+
+    def __init__(self, encoded: list[bytes], crop_size: int, augment: str, batch_size: int) -> None:
+        super().__init__()
+        self.encoded, self.crop_size, self.augment = encoded, crop_size, augment
+        self.batch_size = batch_size
+
+    def __iter__(self) -> Iterator[tuple[None, range]]:
+        info = get_worker_info()
+        mine = self.encoded if info is None else self.encoded[info.id::info.num_workers]
+        tf = build_transform(True, self.crop_size, self.augment, normalize=False)
+        for i in range(0, len(mine), self.batch_size):
+            yield None, range(len(torch.stack([tf(decode(d))
+                                               for d in mine[i:i + self.batch_size]])))
+
+
+def limit_in_workers(encoded: list[bytes], crop_size: int, augment: str, batch_size: int,
+                     num_workers: int) -> DataLoader:
+    """A loader over `LimitInWorkers` with `num_workers` worker processes."""
+    return DataLoader(LimitInWorkers(encoded, crop_size, augment, batch_size), batch_size=None,
+                      num_workers=num_workers)
+
+
 def _pin_process(pid: int, core: int) -> None:
     for path in glob.glob(f"/proc/{pid}/task/*"):
         try:
@@ -177,13 +216,29 @@ def _limit_totals(limits: list[tuple[Any, Any]]) -> tuple[int, int] | None:
     return sum(counter.value for _, counter in limits), sum(cpu)  # type: ignore[arg-type]
 
 
-def same_core_passes(make_loader: Callable[[], Iterable], num_workers: int, encoded: list[bytes],
-                     crop_size: int, augment: str, batch_size: int, *, passes: int = 4,
-                     progress: Callable[[str], None] | None = None) -> list[float]:
-    """Loader / limit images per CPU-second over each of `passes` passes of `make_loader()`, from
-    the arrival of its first batch to that of its last (a whole pass: the shuffle buffer's first
-    fill reads two samples per sample yielded, its last drain none), with worker k and limit
-    process k on core k and this process on the cores left. Raises RuntimeError with the reason
+def _wait_for_images(limits: list[tuple[Any, Any]], receive: Any, images: int) -> None:
+    """Until every limit process has counted `images` images (their ticks arrive on `receive`);
+    raises RuntimeError when one dies first."""
+    while min(counter.value for _, counter in limits) < images:
+        if not receive.poll(5.0) and _limit_totals(limits) is None:
+            raise RuntimeError("a limit process died before its first pass")
+        while receive.poll():
+            receive.recv()
+
+
+def same_core_passes(make_loaders: dict[str, Callable[[], Iterable]], num_workers: int,
+                     encoded: list[bytes], crop_size: int, augment: str, batch_size: int, *,
+                     passes: int = 4,
+                     progress: Callable[[str], None] | None = None) -> dict[str, list[float]]:
+    """Loader / limit images per CPU-second over each of `passes` passes of every loader in
+    `make_loaders` (name -> a function that makes it), the loaders in turns, from the arrival of a
+    pass's first batch to that of its last (a whole pass: the shuffle buffer's first fill reads two
+    samples per sample yielded, its last drain none), with worker k and limit process k on core k
+    and this process on the cores left. The first pass starts once every limit process has gone
+    through `encoded` once: a freshly forked process runs a few per cent slower until then (its
+    first touch of each image's object copies a page inherited from this process: one
+    copy-on-write fault per image; limit processes 1,000 images after their start read 0.94-0.97
+    of older ones on the development VM, 1.00 after 10,000). Raises RuntimeError with the reason
     where `supported` has one."""
     why = supported(num_workers)
     if why is not None:
@@ -191,25 +246,30 @@ def same_core_passes(make_loader: Callable[[], Iterable], num_workers: int, enco
     own = os.sched_getaffinity(0)
     cores = sorted(own)
     worker_cores, rest = cores[:num_workers], set(cores[num_workers:])
-    out: list[float] = []
+    out: dict[str, list[float]] = {name: [] for name in make_loaders}
+    receive, send = mp.get_context("fork").Pipe(duplex=False)
     try:
         os.sched_setaffinity(0, rest)  # the workers fork from here: they start on `rest` too
-        with _limit_processes(encoded, crop_size, augment, batch_size, worker_cores) as limits:
-            for _ in range(passes):
+        with _limit_processes(encoded, crop_size, augment, batch_size, worker_cores, tick=send,
+                              tick_images=len(encoded)) as limits:
+            _wait_for_images(limits, receive, len(encoded))
+            for name in [name for _ in range(passes) for name in make_loaders]:
                 clock = WorkerClock()  # the limit processes are children already: not workers
-                it = iter(make_loader())
+                it = iter(make_loaders[name]())
                 try:
                     next(it)
                 except StopIteration:
-                    raise RuntimeError("the loader yielded no batch") from None
+                    raise RuntimeError(f"{name}: the loader yielded no batch") from None
                 workers = clock.find()
                 if len(workers) != num_workers:
-                    raise RuntimeError(f"expected {num_workers} worker process(es), found "
+                    raise RuntimeError(f"{name}: expected {num_workers} worker process(es), found "
                                        f"{len(workers)}: {workers}")
                 for pid, core in zip(workers, worker_cores):
                     _pin_process(pid, core)
 
                 def snapshot(images: int) -> tuple[int, ...] | None:
+                    while receive.poll():  # the limits' ticks: never let the pipe fill up
+                        receive.recv()
                     w, lim = clock.read(all_threads=True), _limit_totals(limits)
                     if w is None or lim is None:  # a worker has ended: the pass is over
                         return None
@@ -223,14 +283,17 @@ def same_core_passes(make_loader: Callable[[], Iterable], num_workers: int, enco
                     last = now if now is not None else last
                 del it  # the workers shut down
                 if first is None or last is None or last[0] == 0:
-                    raise RuntimeError("the loader's workers could not be followed through /proc")
+                    raise RuntimeError(f"{name}: the loader's workers could not be followed "
+                                       f"through /proc")
                 d_img, d_wcpu, d_lim, d_lcpu = (b - a for a, b in zip(first, last))
-                out.append((d_img / d_wcpu) / (d_lim / d_lcpu))
+                out[name].append((d_img / d_wcpu) / (d_lim / d_lcpu))
                 if progress:
-                    progress(f"same-core pass {len(out)}: loader / limit per CPU-second = "
-                             f"{out[-1]:.3f} ({d_img} images)")
+                    progress(f"same-core pass {len(out[name])}, {name}: images per CPU-second / "
+                             f"the limit's = {out[name][-1]:.3f} ({d_img} images)")
     finally:
         os.sched_setaffinity(0, own)
+        receive.close()
+        send.close()
     return out
 
 
