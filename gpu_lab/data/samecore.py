@@ -35,8 +35,8 @@ first touch of each image's object copies an inherited page; 1,000 copy-on-write
 images, then none), so the first pass used to read 0.01-0.03 above the others. And the limit's own
 loop also runs in DataLoader workers (`LimitInWorkers`), in turns with the loader, against the same
 limit processes: 0.975-1.009 over the passes of two runs. A forked worker process costs that
-code next to nothing, so what separates the loader from 1.00 is the loader's own work in its worker. (The
-same loop handing two small tensors per batch through torch's shared memory read 0.93-0.94 in an
+code next to nothing, so what separates the loader from 1.00 is the loader's own work in its
+worker. (The same loop handing two small tensors per batch through torch's shared memory read 0.93-0.94 in an
 ad hoc run: torch's per-tensor hand-over costs more than gpu_lab's whole pipeline adds.)
 """
 from __future__ import annotations
