@@ -264,7 +264,8 @@ class BenchReport:
                          f"{busy}")
             if self.same_core_worker_limit:
                 ref = statistics.median(self.same_core_worker_limit)
-                lines.append(f"  the limit's own loop in DataLoader workers, same core, in turns with "
+                lines.append(f"  the limit's own loop in DataLoader workers, same core, in turns "
+                             f"with "
                              f"the loader: {ref:.3f} of the limit ("
                              + " ".join(f"{x:.3f}" for x in self.same_core_worker_limit)
                              + f"): what a worker process gives the same code; the loader reads "
