@@ -48,6 +48,7 @@ def child(mode: str, data_dir: str) -> None:
     import torch
 
     from gpu_lab.data.loader import shard_loader
+    from gpu_lab.data.samecore import limit_batches
     from gpu_lab.data.shards import image_folder_files
     from gpu_lab.data.transforms import build_transform, decode
 
@@ -59,8 +60,8 @@ def child(mode: str, data_dir: str) -> None:
         tf(decode(data))
     if mode == "limit":
         _ctl("-i", "on")
-        for i in range(0, len(encoded), BATCH):
-            torch.stack([tf(decode(d)) for d in encoded[i:i + BATCH]])
+        for _ in limit_batches(encoded, tf, BATCH):
+            pass
         images = len(encoded)
     else:
         loader = shard_loader(Path(data_dir, "shards"), BATCH, image_size=CROP,

@@ -265,8 +265,7 @@ class BenchReport:
             if self.same_core_worker_limit:
                 ref = statistics.median(self.same_core_worker_limit)
                 lines.append(f"  the limit's own loop in DataLoader workers, same core, in turns "
-                             f"with "
-                             f"the loader: {ref:.3f} of the limit ("
+                             f"with the loader: {ref:.3f} of the limit ("
                              + " ".join(f"{x:.3f}" for x in self.same_core_worker_limit)
                              + f"): what a worker process gives the same code; the loader reads "
                              f"{statistics.median(self.same_core) / ref:.3f} of that")
@@ -387,8 +386,8 @@ def pipeline_limit(encoded: list[bytes], crop_size: int, augment: str, batch_siz
         for data in encoded[: min(32, len(encoded))]:  # warm-up
             tf(decode(data))
         t0, c0 = time.perf_counter(), time.process_time()
-        for i in range(0, len(encoded), batch_size):
-            torch.stack([tf(decode(d)) for d in encoded[i:i + batch_size]])
+        for _ in samecore.limit_batches(encoded, tf, batch_size):
+            pass
         dt, cpu = time.perf_counter() - t0, time.process_time() - c0
     finally:
         torch.set_num_threads(threads)

@@ -36,8 +36,9 @@ images, then none), so the first pass used to read 0.01-0.03 above the others. A
 loop also runs in DataLoader workers (`LimitInWorkers`), in turns with the loader, against the same
 limit processes: 0.975-1.009 over the passes of two runs. A forked worker process costs that
 code next to nothing, so what separates the loader from 1.00 is the loader's own work in its
-worker. (The same loop handing two small tensors per batch through torch's shared memory read 0.93-0.94 in an
-ad hoc run: torch's per-tensor hand-over costs more than gpu_lab's whole pipeline adds.)
+worker. (The same loop handing two small tensors per batch through torch's shared memory read
+0.93-0.94 in an ad hoc run: torch's per-tensor hand-over costs more than gpu_lab's whole pipeline
+adds.)
 """
 from __future__ import annotations
 
@@ -151,6 +152,14 @@ def _limit_loop(encoded: list[bytes], crop_size: int, augment: str, batch_size: 
         torch.stack(images)
 
 
+def limit_batches(encoded: list[bytes], transform: Callable,
+                  batch_size: int) -> Iterator[torch.Tensor]:
+    """The pipeline limit's work: decode + `transform` on each of `encoded`, stacked `batch_size` at
+    a time (uint8 batches, as the loader's workers make them)."""
+    for i in range(0, len(encoded), batch_size):
+        yield torch.stack([transform(decode(d)) for d in encoded[i:i + batch_size]])
+
+
 class LimitInWorkers(IterableDataset):
     """The limit's own loop (decode + transforms + stack, on encoded bytes in memory) run where the
     loader's work runs: in DataLoader worker processes, forked for the pass (worker k takes every
@@ -167,9 +176,8 @@ class LimitInWorkers(IterableDataset):
         info = get_worker_info()
         mine = self.encoded if info is None else self.encoded[info.id::info.num_workers]
         tf = build_transform(True, self.crop_size, self.augment, normalize=False)
-        for i in range(0, len(mine), self.batch_size):
-            yield None, range(len(torch.stack([tf(decode(d))
-                                               for d in mine[i:i + self.batch_size]])))
+        for batch in limit_batches(mine, tf, self.batch_size):
+            yield None, range(len(batch))
 
 
 def limit_in_workers(encoded: list[bytes], crop_size: int, augment: str, batch_size: int,
@@ -221,7 +229,7 @@ def _wait_for_images(limits: list[tuple[Any, Any]], receive: Any, images: int) -
     raises RuntimeError when one dies first."""
     while min(counter.value for _, counter in limits) < images:
         if not receive.poll(5.0) and _limit_totals(limits) is None:
-            raise RuntimeError("a limit process died before its first pass")
+            raise RuntimeError("a limit process died")
         while receive.poll():
             receive.recv()
 
@@ -321,15 +329,10 @@ def calibrate(encoded: list[bytes], crop_size: int, augment: str, batch_size: in
                     raise RuntimeError("a limit process died during the calibration")
                 return (*totals[0], *totals[1])  # type: ignore[misc]
 
-            def next_tick() -> None:
-                while not receive.poll(5.0):
-                    snapshot()  # raises when a limit process has died
-                receive.recv()
-
-            next_tick()  # B's first window: both are running and warm
+            _wait_for_images([b], receive, window_images)  # B's first window: both are warm
             start = snapshot()
-            for _ in range(windows):
-                next_tick()
+            for k in range(windows):
+                _wait_for_images([b], receive, window_images * (k + 2))
                 end = snapshot()
                 d_a, d_acpu, d_b, d_bcpu = (y - x for x, y in zip(start, end))
                 out.append((d_b / d_bcpu) / (d_a / d_acpu))
