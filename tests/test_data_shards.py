@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from gpu_lab.data import ShardManifest, make_synthetic_images, verify_shards, write_shards
-from gpu_lab.data.tario import TarFormatError, byte_sum, iter_members, open_shard
+from gpu_lab.data.tario import (TarFormatError, byte_sum, iter_buffer_members, iter_members,
+                                map_shard, open_shard, shard_members)
 
 
 @pytest.fixture(scope="module")
@@ -151,23 +152,41 @@ def _tar(fmt: int, names: list[str], size: int = 700) -> bytes:
     return buf.getvalue()
 
 
+def _read_members(path, how: str) -> list[tuple[str, bytes]]:
+    """A shard's members through the stream reader, or through the mapped file's views."""
+    if how == "stream":
+        with open_shard(str(path)) as s:
+            return list(iter_members(s))
+    mapped = map_shard(str(path))
+    assert mapped is not None, f"{path} was not mapped"
+    return [(name, bytes(view)) for name, view in iter_buffer_members(mapped)]
+
+
+READERS = ["stream", "mapped"]
+
+
+@pytest.mark.parametrize("how", READERS)
 @pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
-def test_tar_reader_agrees_with_tarfile(tmp_path, fmt):
+def test_tar_reader_agrees_with_tarfile(tmp_path, fmt, how):
     names = ["x.jpg", "x.cls"] if fmt == tarfile.USTAR_FORMAT else \
         ["d" * 120 + "/long.jpg", "ünï/é.cls", "y" * 180 + ".png"]
     raw = _tar(fmt, names)
-    for path, data in ((tmp_path / "a.tar", raw), (tmp_path / "a.tgz", gzip.compress(raw))):
+    pairs = [(tmp_path / "a.tar", raw)]
+    if how == "stream":  # a compressed shard is never mapped (see the test below)
+        pairs.append((tmp_path / "a.tgz", gzip.compress(raw)))
+    for path, data in pairs:
         path.write_bytes(data)
-        with open_shard(str(path)) as s:
-            mine = list(iter_members(s))
+        mine = _read_members(path, how)
         with tarfile.open(path) as t:
             theirs = [(m.name, t.extractfile(m).read()) for m in t if m.isreg()]
         assert mine == theirs
 
 
+@pytest.mark.parametrize("how", READERS)
 @pytest.mark.parametrize("size_field", ["%011o\0", "%11o ", " %09o \0", "base-256"])
 @pytest.mark.parametrize("checksum_field", ["%06o\0 ", "%07o\0", " %06o ", "%o\0\0\0\0\0"])
-def test_tar_reader_reads_numeric_fields_as_tarfile_does(tmp_path, size_field, checksum_field):
+def test_tar_reader_reads_numeric_fields_as_tarfile_does(tmp_path, size_field, checksum_field,
+                                                        how):
     """Writers pad octal fields with NULs or spaces (and GNU tar may store sizes in base-256): the
     reader's one-call fast path and its general rules agree with tarfile on each of them."""
     raw = bytearray(_tar(tarfile.USTAR_FORMAT, ["a.jpg", "a.cls"]))
@@ -180,8 +199,7 @@ def test_tar_reader_reads_numeric_fields_as_tarfile_does(tmp_path, size_field, c
     raw[148:156] = (checksum_field % sum(raw[:512])).encode()[:8].ljust(8, b"\0")
     p = tmp_path / "t.tar"
     p.write_bytes(bytes(raw))
-    with open_shard(str(p)) as s:
-        mine = list(iter_members(s))
+    mine = _read_members(p, how)
     with tarfile.open(p) as t:
         theirs = [(m.name, t.extractfile(m).read()) for m in t if m.isreg()]
     assert mine == theirs and mine[0] == ("a.jpg", bytes(size))
@@ -196,20 +214,40 @@ def test_header_byte_sum_is_exact():
         assert byte_sum(block) == sum(block)
 
 
-def test_tar_reader_detects_truncation_and_corrupt_headers(tmp_path):
+@pytest.mark.parametrize("how", READERS)
+def test_tar_reader_detects_truncation_and_corrupt_headers(tmp_path, how):
     raw = _tar(tarfile.USTAR_FORMAT, ["a.jpg", "a.cls", "b.jpg", "b.cls"])
     p = tmp_path / "t.tar"
     p.write_bytes(raw[:1800])  # inside the second header (a.jpg: 512 + 1024 bytes)
     with pytest.raises(TarFormatError, match=r"truncated tar header at byte 1536 \(264 of 512"):
-        with open_shard(str(p)) as s:
-            list(iter_members(s))
+        _read_members(p, how)
     p.write_bytes(raw[:2200])  # inside the second member's data
     with pytest.raises(TarFormatError, match="unexpected end of data in member 'a.cls'"):
-        with open_shard(str(p)) as s:
-            list(iter_members(s))
+        _read_members(p, how)
     bad = bytearray(raw)
     bad[1536 + 10] ^= 0xFF  # flip a byte in the second header
     p.write_bytes(bytes(bad))
     with pytest.raises(TarFormatError, match="corrupt tar header at byte 1536"):
-        with open_shard(str(p)) as s:
-            list(iter_members(s))
+        _read_members(p, how)
+
+
+def test_plain_tar_shards_are_mapped_and_compressed_ones_streamed(tmp_path):
+    """shard_members maps a plain tar (its data are views of the file: no copy per member) and
+    streams gzip, zstd and empty files, with the same members either way."""
+    import zstandard
+
+    raw = _tar(tarfile.USTAR_FORMAT, ["a.jpg", "a.cls", "b.jpg", "b.cls"])
+    files = {"a.tar": raw, "a.tgz": gzip.compress(raw),
+             "a.tar.zst": zstandard.ZstdCompressor().compress(raw), "empty.tar": b""}
+    (tmp_path / "a.tar").write_bytes(raw)
+    expected = _read_members(tmp_path / "a.tar", "stream")
+    assert [n for n, _ in expected] == ["a.jpg", "a.cls", "b.jpg", "b.cls"]
+    kinds = {}
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+        with shard_members(str(tmp_path / name)) as members:
+            got = list(members)
+        kinds[name] = {type(d).__name__ for _, d in got}
+        assert [(n, bytes(d)) for n, d in got] == ([] if name == "empty.tar" else expected), name
+    assert kinds == {"a.tar": {"memoryview"}, "a.tgz": {"bytes"}, "a.tar.zst": {"bytes"},
+                     "empty.tar": set()}

@@ -4,7 +4,7 @@ The pipeline, per DataLoader worker, as small stages (webdataset's style):
 
     shard list ─ shuffle (same order on every rank, new each epoch) ─ split_by_node ─ split_by_worker
        (or: resampled, an endless random draw of shards per rank and worker)
-    ─ read tar (.tar, .tar.gz, .tar.zst) ─ group members into samples
+    ─ read tar (.tar mapped into memory; .tar.gz, .tar.zst streamed) ─ group members into samples
     ─ shuffle buffer ─ in bursts of 64 ─ decode (torchvision.io) ─ v2 transforms on uint8
     ─ uint8 batch, stacked into a reused shared-memory slot (`BatchRing`)
     → DataLoader(batch_size=None): worker processes, prefetch, pinned memory
@@ -54,7 +54,7 @@ from webdataset.tariterators import base_plus_ext
 from ..config import StrEnum
 from .batch_ring import BatchRing, RingBatch
 from .shards import ShardManifest, resolve_shards
-from .tario import iter_members, open_shard
+from .tario import shard_members
 from .transforms import (CROP_SCALE, IMAGE_KEYS, build_transform, check_augment, decode, image_key,
                          normalize_batch, parse_label)
 
@@ -210,15 +210,16 @@ class ShardDataset(IterableDataset):
 
     # -- stages -----------------------------------------------------------------------------
     def _read(self, shards: Iterable[str]) -> Iterator[dict]:
-        """Tar members → samples {'__key__', '__url__', ext: bytes}, grouped by key."""
+        """Tar members → samples {'__key__', '__url__', ext: data}, grouped by key; the data are
+        views of the mapped shard file for plain tar shards, bytes for compressed ones."""
         failures_in_a_row = 0
         for url in shards:
             n = 0
             expected = self.counts.get(url)
             try:
-                with open_shard(url) as stream:
+                with shard_members(url) as members:
                     current: dict | None = None
-                    for name, data in iter_members(stream):
+                    for name, data in members:
                         prefix, suffix = split_key(name)
                         if prefix is None:
                             continue
