@@ -168,7 +168,7 @@ READERS = ["stream", "mapped"]
 @pytest.mark.parametrize("how", READERS)
 @pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
 def test_tar_reader_agrees_with_tarfile(tmp_path, fmt, how):
-    names = ["x.jpg", "x.cls"] if fmt == tarfile.USTAR_FORMAT else \
+    names = ["x.jpg", "x.cls", "p" * 120 + "/x.jpg"] if fmt == tarfile.USTAR_FORMAT else \
         ["d" * 120 + "/long.jpg", "ünï/é.cls", "y" * 180 + ".png"]
     raw = _tar(fmt, names)
     pairs = [(tmp_path / "a.tar", raw)]

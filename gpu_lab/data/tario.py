@@ -27,9 +27,9 @@ from contextlib import contextmanager
 from typing import IO, Iterator
 
 _BLOCK = 512
-# the ustar header fields the reader uses, in one unpack: name, size, checksum, type flag, magic,
-# prefix (mode, uid, gid, mtime, link name, version, user and group, device numbers skipped)
-_HEADER = struct.Struct("100s24x12s12x8s1s100x5s83x155s")
+# the ustar header fields every member needs, in one unpack: name, size, checksum, type flag (mode,
+# uid, gid and mtime skipped); the magic and the name prefix are read only when the prefix is set
+_HEADER = struct.Struct("100s24x12s12x8s1s")
 _ZERO_BLOCK = bytes(_BLOCK)
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -137,13 +137,15 @@ def _number(field: bytes, what: str, offset: int) -> int:
         return _octal(field, what, offset)
 
 
-def _header(block: bytes | memoryview, offset: int) -> tuple[bytes, int, bytes] | None:
-    """(name, size, type flag) of a 512-byte tar header, checksum checked; None for the all-zero
-    block that ends an archive. `offset`: where the block starts, for the error messages."""
-    total = (zlib.adler32(block[:256]) & 0xFFFF) + (zlib.adler32(block[256:]) & 0xFFFF) - 2
-    if total == 0:  # byte_sum, inline: this runs once per member
+def _header(buf: bytes | memoryview, pos: int, offset: int) -> tuple[bytes, int, bytes] | None:
+    """(name, size, type flag) of the 512-byte tar header at `buf[pos:]`, checksum checked; None
+    for the all-zero block that ends an archive. `offset`: where it starts in the archive, for the
+    error messages."""
+    total = (zlib.adler32(buf[pos:pos + 256]) & 0xFFFF) + \
+        (zlib.adler32(buf[pos + 256:pos + _BLOCK]) & 0xFFFF) - 2  # byte_sum, inline: per member
+    if total == 0:
         return None
-    name, size_field, checksum, kind, magic, prefix = _HEADER.unpack_from(block)
+    name, size_field, checksum, kind = _HEADER.unpack_from(buf, pos)
     try:  # the usual octal fields in one int() each; `_number`'s general rules for the rest
         stored, size = int(checksum.split(b"\0", 1)[0], 8), int(size_field.split(b"\0", 1)[0], 8)
     except ValueError:
@@ -153,8 +155,8 @@ def _header(block: bytes | memoryview, offset: int) -> tuple[bytes, int, bytes] 
     if total - (zlib.adler32(checksum) & 0xFFFF) + 1 + 8 * 32 != stored:
         raise TarFormatError(f"corrupt tar header at byte {offset} (checksum mismatch)")
     name = name.split(b"\0", 1)[0]
-    if magic == b"ustar" and prefix[0]:
-        name = prefix.split(b"\0", 1)[0] + b"/" + name
+    if buf[pos + 345] and buf[pos + 257:pos + 262] == b"ustar":  # a ustar name prefix
+        name = bytes(buf[pos + 345:pos + 500]).split(b"\0", 1)[0] + b"/" + name
     return name, size, kind
 
 
@@ -203,7 +205,7 @@ def iter_members(stream: IO[bytes]) -> Iterator[tuple[str, bytes]]:
             if len(block) < _BLOCK:
                 raise TarFormatError(f"truncated tar header at byte {offset} ({len(block)} of 512 "
                                      f"bytes)")
-        head = _header(block, offset)
+        head = _header(block, 0, offset)
         if head is None:
             return  # end-of-archive marker
         name, size, kind = head
@@ -240,7 +242,7 @@ def iter_buffer_members(buf: bytes | mmap.mmap | memoryview) -> Iterator[tuple[s
             if pos == end:
                 return
             raise TarFormatError(f"truncated tar header at byte {pos} ({end - pos} of 512 bytes)")
-        head = _header(view[pos:pos + _BLOCK], pos)
+        head = _header(view, pos, pos)
         if head is None:
             return
         name, size, kind = head
