@@ -79,7 +79,7 @@ def map_shard(url: str) -> mmap.mmap | None:
         st = os.fstat(f.fileno())
         if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
             return None
-        if _compressed(os.pread(f.fileno(), 4, 0)):
+        if _compressed(f.read(4)):
             return None
         return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)  # the mapping outlives the fd
 
