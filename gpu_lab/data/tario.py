@@ -30,7 +30,6 @@ _BLOCK = 512
 # the ustar header fields every member needs, in one unpack: name, size, checksum, type flag (mode,
 # uid, gid and mtime skipped); the magic and the name prefix are read only when the prefix is set
 _HEADER = struct.Struct("100s24x12s12x8s1s")
-_ZERO_BLOCK = bytes(_BLOCK)
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
@@ -141,23 +140,19 @@ def _header(buf: bytes | memoryview, pos: int, offset: int) -> tuple[bytes, int,
     """(name, size, type flag) of the 512-byte tar header at `buf[pos:]`, checksum checked; None
     for the all-zero block that ends an archive. `offset`: where it starts in the archive, for the
     error messages."""
-    total = (zlib.adler32(buf[pos:pos + 256]) & 0xFFFF) + \
-        (zlib.adler32(buf[pos + 256:pos + _BLOCK]) & 0xFFFF) - 2  # byte_sum, inline: per member
+    total = byte_sum(buf[pos:pos + _BLOCK])
     if total == 0:
         return None
     name, size_field, checksum, kind = _HEADER.unpack_from(buf, pos)
-    try:  # the usual octal fields in one int() each; `_number`'s general rules for the rest
-        stored, size = int(checksum.split(b"\0", 1)[0], 8), int(size_field.split(b"\0", 1)[0], 8)
-    except ValueError:
-        stored, size = _number(checksum, "checksum", offset), _number(size_field, "size", offset)
     # checksum: unsigned byte sum with the checksum field counted as 8 spaces (an 8-byte sum is
     # exact in Adler-32's low half too)
-    if total - (zlib.adler32(checksum) & 0xFFFF) + 1 + 8 * 32 != stored:
+    if total - (zlib.adler32(checksum) & 0xFFFF) + 1 + 8 * 32 != \
+            _number(checksum, "checksum", offset):
         raise TarFormatError(f"corrupt tar header at byte {offset} (checksum mismatch)")
     name = name.split(b"\0", 1)[0]
     if buf[pos + 345] and buf[pos + 257:pos + 262] == b"ustar":  # a ustar name prefix
         name = bytes(buf[pos + 345:pos + 500]).split(b"\0", 1)[0] + b"/" + name
-    return name, size, kind
+    return name, _number(size_field, "size", offset), kind
 
 
 def _extended(kind: bytes, data: bytes | memoryview, ext: dict[str, str]) -> bool:
