@@ -77,8 +77,9 @@ def _add_bench_loader(bench_subparsers) -> None:
     p.add_argument("--repeats", type=int, default=1,
                    help="rounds of every measurement, best kept (default 1; more on a busy machine)")
     p.add_argument("--pairs", type=int, default=3,
-                   help="back-to-back (limit, loader, limit) pairs; the loader / limit ratio is "
-                        "their median (default 3)")
+                   help="loader passes in a chain limit, loader, limit, ..., limit, each against "
+                        "the limit passes either side; the loader / limit ratio is their median "
+                        "(default 3)")
     p.add_argument("--same-core", type=int, default=2, metavar="PASSES",
                    help="loader passes with each worker sharing a core with a limit process: the "
                         "loader / limit ratio without the host's speed drift (default 2; 0 skips)")

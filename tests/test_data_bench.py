@@ -31,6 +31,12 @@ def test_bench_loader_cli_reports_every_measurement(tmp_path, capsys):
     # the loader / limit ratio is the median of the back-to-back pairs, not of the best-of figures
     assert len(d["limit_pairs"]) == 2 and d["parallel_limit"] > 0
     assert min(d["limit_pairs"]) <= d["ratios"]["shards_vs_limit"] <= max(d["limit_pairs"])
+    # in a chain limit, loader, limit, loader, limit: each loader pass against the limit passes
+    # either side (the middle one serves both pairs), times the workers
+    assert len(d["limit_chain"]) == 3 and len(d["loader_chain"]) == 2
+    for i, pair in enumerate(d["limit_pairs"]):
+        limits = d["limit_chain"][i:i + 2]
+        assert pair == pytest.approx(d["loader_chain"][i] / (sum(limits) / 2 * 2))
     # the hypervisor's steal is measured for each pair and for the run (Linux reports it)
     assert len(d["pair_steal"]) == 2 and all(0.0 <= x <= 1.0 for x in d["pair_steal"])
     # the workers' share of time on a CPU in each pair's loader pass; the same-core passes need a
@@ -77,7 +83,8 @@ def test_throughput_clock_stops_at_the_last_batch(monkeypatch):
 
 def test_loader_vs_limit_is_the_median_of_the_quiet_pairs():
     """Pairs during which the hypervisor stole more than 1% of the CPU time are left out of the
-    median, when at least three quiet ones remain; the table shows both medians and every pair."""
+    median, when at least three quiet ones and at least half of the pairs remain; the table shows
+    both medians and every pair."""
     pairs, steal = [0.80, 0.95, 0.92, 0.60, 0.97], [0.0, 0.002, 0.01, 0.05, 0.0]
     report = BenchReport(n_images=10, source_size=8, crop_size=8, num_workers=1, batch_size=2,
                          augment="basic", rates={"shards_warm": 1.0, "limit": 1.0},
@@ -91,6 +98,14 @@ def test_loader_vs_limit_is_the_median_of_the_quiet_pairs():
     noisy = BenchReport.from_dict({**report.to_dict(), "pair_steal": [0.0, 0.03, 0.02, 0.05, 0.0]})
     assert noisy.quiet_pairs() == pairs and noisy.ratios["shards_vs_limit"] == pytest.approx(0.92)
     assert "median of 5 back-to-back pairs" in noisy.table()
+    # three quiet pairs of seven: fewer than half, every pair counts
+    seven = BenchReport.from_dict({**report.to_dict(), "limit_pairs": pairs + [0.70, 0.75],
+                                   "pair_steal": [0.0, 0.03, 0.0, 0.05, 0.0, 0.02, 0.02]})
+    assert seven.quiet_pairs() == pairs + [0.70, 0.75]
+    assert seven.ratios["shards_vs_limit"] == pytest.approx(0.80)
+    # four of seven: the quiet ones
+    four = BenchReport.from_dict({**seven.to_dict(), "pair_steal": [0.0] * 4 + [0.02] * 3})
+    assert four.quiet_pairs() == [0.80, 0.95, 0.92, 0.60]
 
 
 def test_same_core_estimate_is_the_passes_median_times_the_workers_time_on_a_cpu():

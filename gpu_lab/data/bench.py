@@ -19,12 +19,13 @@ workers and the same augmentation operations (RandomResizedCrop + flip, or + Aut
   workers as cores, the training process, and the workers' contention for shared caches, take
   their share from the same cores and the limit is out of reach for any loader (see
   ``parallel limit``). The machine's speed drifts between seconds, so the loader's
-  ratio to the limit is the median of back-to-back pairs (limit, loader, limit), not a ratio of
-  figures taken minutes apart. On a virtual machine the hypervisor also takes CPU time away from
+  ratio to the limit is the median of back-to-back pairs, not a ratio of figures taken minutes
+  apart: a chain limit, loader, limit, loader, ..., limit, each loader pass against the mean of
+  the limit passes either side. On a virtual machine the hypervisor also takes CPU time away from
   the guest while it runs ("steal" in /proc/stat), in bursts, and mostly when the guest is busy:
   a pair during which more than 1% of the CPU time was stolen says more about the host's other
-  guests than about the loader, so the median is taken over the quiet pairs when there are at
-  least 3 (every pair, its steal and both medians are reported);
+  guests than about the loader, so the median is taken over the quiet pairs when they are at
+  least 3 and at least half of the pairs (every pair, its steal and both medians are reported);
 - ``same core``: the loader against its limit without the host's drift (`samecore`): each worker
   shares a core with a process running the limit, the kernel time-slices the two, and their images
   per CPU-second over whole passes give the loader's CPU cost per image against the limit's; times
@@ -136,6 +137,9 @@ class BenchReport:
     limit_one_core: float = 0.0
     parallel_limit: float = 0.0  # img/s of the pipeline in num_workers processes at once
     limit_pairs: list[float] = field(default_factory=list)  # shards / limit, back-to-back pairs
+    # img/s of the chain's passes in order: limit passes (one more than the pairs), loader passes
+    limit_chain: list[float] = field(default_factory=list)
+    loader_chain: list[float] = field(default_factory=list)
     pair_steal: list[float] = field(default_factory=list)  # share of CPU time stolen, per pair
     worker_busy: list[float] = field(default_factory=list)  # workers' time on a CPU, share, per pair
     same_core: list[float] = field(default_factory=list)  # loader / limit per CPU-second, per pass
@@ -169,9 +173,12 @@ class BenchReport:
 
     def quiet_pairs(self) -> list[float]:
         """The loader / limit pairs during which the hypervisor stole at most QUIET_STEAL of the CPU
-        time; every pair when fewer than MIN_QUIET_PAIRS were quiet (or steal is not reported)."""
+        time; every pair when fewer than MIN_QUIET_PAIRS or than half of the pairs were quiet (a
+        median of the few pairs the host left alone says more about the host than about the
+        loader), or when steal is not reported."""
         quiet = [r for r, st in zip(self.limit_pairs, self.pair_steal) if st <= QUIET_STEAL]
-        return quiet if len(quiet) >= MIN_QUIET_PAIRS else list(self.limit_pairs)
+        enough = len(quiet) >= max(MIN_QUIET_PAIRS, len(self.limit_pairs) / 2)
+        return quiet if enough else list(self.limit_pairs)
 
     @property
     def ratios(self) -> dict[str, float]:
@@ -249,7 +256,8 @@ class BenchReport:
                      else f"the {len(quiet)} quiet ones of {len(self.limit_pairs)} back-to-back pairs "
                           f"(at most {QUIET_STEAL:.0%} of the CPU time stolen by the hypervisor; "
                           f"median of all: {statistics.median(self.limit_pairs):.2f}x)")
-            lines.append(f"  shards_vs_limit: median of {which}, (limit, loader, limit): "
+            lines.append(f"  shards_vs_limit: median of {which} (a chain limit, loader, limit, "
+                         f"loader, ..., limit): "
                          + " ".join(f"{x:.2f}" for x in sorted(quiet)))
             if self.pair_steal:
                 lines.append("  each pair (ratio, CPU time stolen): " + " ".join(
@@ -516,8 +524,8 @@ def benchmark(data_dir: str | os.PathLike | None = None, *, n: int = 10_000, ima
     data_dir: an ImageFolder tree to use; default: `n` synthetic `image_size` px JPEGs, made once in
         `work_dir` (default: a `bench-loader` folder in the system temp dir) and reused afterwards.
     repeats: rounds of every measurement; each figure is the best of its rounds.
-    limit_pairs: back-to-back (limit, loader, limit) measurements; the loader's ratio to its limit
-        is their median.
+    limit_pairs: loader passes in a chain limit, loader, limit, ..., limit, each against the mean
+        of the limit passes either side; the loader's ratio to its limit is their median.
     same_core_passes: loader passes with each worker sharing a core with a limit process (see
         `samecore`): the loader / limit ratio without the host's drift; 0 skips them.
     num_workers: for every loader; default `default_workers()` (a core left to this process).
@@ -618,23 +626,30 @@ def _measure(data_dir: Path, shard_dir: Path, written, zwritten, classes: list[s
         if num_workers > 1:  # one process alone is the limit itself
             report.parallel_limit = max(report.parallel_limit, parallel_limit(
                 encoded, crop_size, augment, batch_size, num_workers))
-    # the loader against its limit, measured back to back: limit, loader (warm), limit
+    # the loader (warm) against its limit, back to back in a chain: limit, loader, limit, loader,
+    # ..., limit; each loader pass against the mean of the limit passes either side (every limit
+    # pass but the two ends serves two pairs: half again as many pairs per minute as triples)
+    steal0, t0 = steal_seconds(), time.perf_counter()
+    before = pipeline_limit(encoded, crop_size, augment, batch_size)
+    record("limit_one_core", before)
+    report.limit_chain.append(before.rate)
     for _ in range(limit_pairs):
-        steal0, t0 = steal_seconds(), time.perf_counter()
-        before = pipeline_limit(encoded, crop_size, augment, batch_size)
         loader = throughput(shards(), WorkerClock())
+        steal_next, t_next = steal_seconds(), time.perf_counter()  # where the next pair starts
         after = pipeline_limit(encoded, crop_size, augment, batch_size)
-        for p in (before, after):
-            record("limit_one_core", p)
+        record("limit_one_core", after)
         record("shards_warm", loader)
+        report.limit_chain.append(after.rate)
+        report.loader_chain.append(loader.rate)
         report.limit_pairs.append(loader.rate / ((before.rate + after.rate) / 2 * max(1, num_workers)))
         if loader.busy is not None:
             report.worker_busy.append(loader.busy)
-        stolen = _stolen_share(steal0, t0, report.cpu_count)
+        stolen = _stolen_share(steal0, t0, report.cpu_count)  # over this pair's three passes
         if stolen is not None:
             report.pair_steal.append(stolen)
         _log(progress, f"pair: loader / limit = {report.limit_pairs[-1]:.3f}"
                        + ("" if stolen is None else f", {stolen:.1%} of the CPU time stolen"))
+        before, steal0, t0 = after, steal_next, t_next
     if same_core_passes > 0:
         try:  # raises with the reason where it cannot run: the other figures are kept
             passes = samecore.same_core_passes(
