@@ -132,11 +132,18 @@ class TrainConfig:
                       "RandomErasing, seed 000 §2.2).", choices=Augment)
     seed: int = _f(42, "Random seed for Python, NumPy, torch and data order.", lo=0, hi=2**32 - 1)
     # --- checkpoints, logging, guards ------------------------------------------------------------
-    output_dir: str = _f("gpu_lab_runs", "Where checkpoints, TensorBoard logs and traces go.")
+    output_dir: str = _f("gpu_lab_runs", "Where checkpoints, TensorBoard logs and traces go. "
+                         "gpu_lab.launch gives every run a folder of its own inside it.")
     checkpoint_every: int = _f(0, "Save a checkpoint every N optimizer steps; 0: only at the end "
                                "and on preemption.", lo=0, hi=10**9)
     keep_last: int = _f(3, "How many complete checkpoints to keep.", lo=1, hi=10_000)
-    resume: bool = _f(True, "Resume from the newest complete checkpoint in output_dir if there is one.")
+    resume: bool = _f(True, "Continue from the newest complete checkpoint in output_dir if there is "
+                      "one: what a requeued batch job needs. A launched run starts in a new folder; "
+                      "continue one with launch(..., resume=run) or run.resume().")
+    resume_from: str | None = _f(None, "A checkpoint folder to continue from (set by "
+                                 "launch(..., resume=...)); its model, num_classes, image_size, "
+                                 "optimizer and zero must match this config.", optional=True,
+                                 form=False)
     eval_every: int = _f(0, "Evaluate every N steps; 0: at the end of each epoch.", lo=0, hi=10**9)
     log_every: int = _f(1, "Report metrics every N optimizer steps.", lo=1, hi=10**6)
     tensorboard: bool = _f(True, "Log scalars to TensorBoard under output_dir.")
@@ -202,7 +209,7 @@ class TrainConfig:
                 choices = tuple(choices.choices())
             out[f.name] = {"help": m["help"], "type": _base_type(f), "default": f.default,
                            "choices": choices, "lo": m["lo"], "hi": m["hi"],
-                           "optional": m["optional"]}
+                           "optional": m["optional"], "form": m["form"]}
         return out
 
     def total_steps(self, steps_per_epoch: int | None = None) -> int:
@@ -212,6 +219,21 @@ class TrainConfig:
         if steps_per_epoch is None:
             raise ValueError("TrainConfig.total_steps: epochs is set, so steps_per_epoch is needed")
         return int(self.epochs) * int(steps_per_epoch)
+
+
+# Fields that differ between runs by construction (each launched run has its own folder).
+_PER_RUN = ("output_dir", "resume_from")
+
+
+def config_diff(configs: list[Mapping[str, Any] | None]) -> list[str]:
+    """The config fields whose values differ between these runs' configs (TrainConfig.to_dict()
+    or registry rows' configs), in field order: what tells their curves apart in a legend."""
+    dicts = [dict(c or {}) for c in configs]
+    order = [f.name for f in dataclasses.fields(TrainConfig)]
+    keys = sorted({k for d in dicts for k in d}, key=lambda k: (order.index(k) if k in order
+                                                                else len(order), k))
+    return [k for k in keys if k not in _PER_RUN
+            and len({json.dumps(d.get(k), sort_keys=True, default=str) for d in dicts}) > 1]
 
 
 def _base_type(f: dataclasses.Field) -> type:
@@ -267,5 +289,5 @@ def _validate_field(f: dataclasses.Field, value: Any) -> Any:
     return value
 
 
-__all__ = ["TrainConfig", "Optimizer", "Scheduler", "MixedPrecision", "Augment", "MODEL_NAMES",
+__all__ = ["TrainConfig", "config_diff", "Optimizer", "Scheduler", "MixedPrecision", "Augment", "MODEL_NAMES",
            "ALIASES"]

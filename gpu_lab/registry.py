@@ -16,8 +16,9 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-STATUSES = ("pending", "running", "stopping", "succeeded", "failed", "stopped", "lost")
-ACTIVE = ("pending", "running", "stopping")
+from .stream.events import ACTIVE_STATUSES as ACTIVE
+from .stream.events import FINAL_STATUSES as FINAL
+from .stream.events import STATUSES
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -40,15 +41,16 @@ CREATE TABLE IF NOT EXISTS runs (
     error TEXT,
     kind TEXT DEFAULT 'launch'
 );
-CREATE TABLE IF NOT EXISTS metrics (
+CREATE TABLE IF NOT EXISTS events (
     run_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
     rank INTEGER NOT NULL,
-    step INTEGER,
+    kind TEXT NOT NULL,
     t REAL NOT NULL,
-    name TEXT NOT NULL,
-    value REAL
-);
-CREATE INDEX IF NOT EXISTS metrics_run ON metrics(run_id, name, rank, step);
+    step INTEGER,
+    data TEXT NOT NULL,
+    PRIMARY KEY (run_id, seq)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS checkpoints (
     run_id TEXT NOT NULL,
     step INTEGER NOT NULL,
@@ -57,9 +59,15 @@ CREATE TABLE IF NOT EXISTS checkpoints (
 );
 """
 
+# Columns added after the first release: (name, SQL type). Older databases get them on open.
+_ADDED = (("reason", "TEXT"), ("detach", "INTEGER DEFAULT 0"), ("events_address", "TEXT"),
+          ("entry", "TEXT"), ("resumed_from", "TEXT"), ("last_step", "INTEGER"),
+          ("summary", "TEXT"))
+
 _COLUMNS = ("id", "name", "status", "config", "num_processes", "num_nodes", "node_rank", "host",
             "pid", "pgid", "pid_started", "started", "ended", "notebook", "output_dir", "run_dir",
-            "error", "kind")
+            "error", "kind") + tuple(name for name, _ in _ADDED)
+_JSON_COLUMNS = ("config", "resumed_from", "summary")
 
 
 def home() -> Path:
@@ -85,6 +93,7 @@ class Registry:
             with self._conn() as c:
                 c.execute("PRAGMA journal_mode=WAL")
                 c.executescript(_SCHEMA)
+                _upgrade(c)
 
     def _conn(self) -> sqlite3.Connection:
         c = getattr(self._local, "conn", None)
@@ -101,16 +110,21 @@ class Registry:
                    num_processes: int | None = None, num_nodes: int = 1, node_rank: int = 0,
                    output_dir: str | None = None, run_dir: str | None = None,
                    notebook: str | None = None, kind: str = "launch",
-                   status: str = "pending") -> None:
+                   status: str = "pending", **extra: Any) -> None:
         self._check_status(status)
+        fields = {"id": run_id, "name": name or run_id, "status": status,
+                  "config": config or {}, "num_processes": num_processes,
+                  "num_nodes": num_nodes, "node_rank": node_rank, "host": socket.gethostname(),
+                  "started": time.time(), "notebook": notebook, "output_dir": output_dir,
+                  "run_dir": run_dir, "kind": kind, **extra}
+        bad = set(fields) - set(_COLUMNS)
+        if bad:
+            raise ValueError(f"Registry.create_run: unknown column(s) {sorted(bad)}; accepted: "
+                             f"{_COLUMNS}")
+        names = ", ".join(fields)
         with self._conn() as c:
-            c.execute(
-                "INSERT INTO runs (id, name, status, config, num_processes, num_nodes, node_rank, "
-                "host, started, notebook, output_dir, run_dir, kind) "
-                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (run_id, name or run_id, status, json.dumps(config or {}), num_processes,
-                 num_nodes, node_rank, socket.gethostname(), time.time(), notebook,
-                 output_dir, run_dir, kind))
+            c.execute(f"INSERT INTO runs ({names}) VALUES ({','.join('?' * len(fields))})",
+                      [_to_sql(k, v) for k, v in fields.items()])
 
     def update(self, run_id: str, **fields: Any) -> None:
         bad = set(fields) - set(_COLUMNS)
@@ -118,40 +132,64 @@ class Registry:
             raise ValueError(f"Registry.update: unknown column(s) {sorted(bad)}; accepted: {_COLUMNS}")
         if "status" in fields:
             self._check_status(fields["status"])
-        if "config" in fields and not isinstance(fields["config"], str):
-            fields["config"] = json.dumps(fields["config"])
         sets = ", ".join(f"{k}=?" for k in fields)
         with self._conn() as c:
-            c.execute(f"UPDATE runs SET {sets} WHERE id=?", (*fields.values(), run_id))
+            c.execute(f"UPDATE runs SET {sets} WHERE id=?",
+                      (*(_to_sql(k, v) for k, v in fields.items()), run_id))
 
     def set_status(self, run_id: str, status: str, *, error: str | None = None,
-                   final: bool | None = None) -> None:
-        """Set a run's status; a final status also stamps `ended`. A final status is never
-        overwritten by an active one (a late 'running' event cannot revive a finished run)."""
+                   reason: str | None = None, final: bool | None = None,
+                   overwrite: bool = False) -> bool:
+        """Set a run's status; a final status also stamps `ended`. Only an active run changes
+        (a late 'running' event cannot revive a finished run, and a supervisor's 'stopped' is not
+        turned into 'lost' by a reader) unless `overwrite`. Returns whether the row changed."""
         self._check_status(status)
         is_final = status not in ACTIVE if final is None else final
+        guard = "" if overwrite else f" AND status IN ({','.join('?' * len(ACTIVE))})"
         with self._conn() as c:
-            if is_final:
-                c.execute("UPDATE runs SET status=?, ended=COALESCE(ended, ?), "
-                          "error=COALESCE(?, error) WHERE id=?", (status, time.time(), error, run_id))
-            else:
-                c.execute("UPDATE runs SET status=? WHERE id=? AND status IN "
-                          f"({','.join('?' * len(ACTIVE))})", (status, run_id, *ACTIVE))
+            cur = c.execute(
+                "UPDATE runs SET status=?, ended=CASE WHEN ? THEN COALESCE(ended, ?) END, "
+                f"error=COALESCE(?, error), reason=COALESCE(?, reason) WHERE id=?{guard}",
+                (status, is_final, time.time(), error, reason, run_id,
+                 *(() if overwrite else ACTIVE)))
+        return cur.rowcount > 0
 
     def get_run(self, run_id: str) -> dict | None:
         self._mark_lost()
         row = self._conn().execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
         return _row(row) if row else None
 
+    def find_run(self, run_id_or_name: str) -> dict:
+        """The run with this id, else the newest run with this name; KeyError naming the recent
+        runs when there is neither."""
+        row = self.get_run(run_id_or_name)
+        if row is not None:
+            return row
+        hit = self._conn().execute("SELECT * FROM runs WHERE name=? ORDER BY started DESC LIMIT 1",
+                                   (run_id_or_name,)).fetchone()
+        if hit is not None:
+            return _row(hit)
+        recent = [f"{r['id']} ({r['name']})" for r in self.list_runs(limit=5)]
+        raise KeyError(f"no run with id or name {run_id_or_name!r} in {self.path}; recent runs: "
+                       f"{', '.join(recent) or '(none)'}")
+
     def list_runs(self, *, status: str | Sequence[str] | None = None, limit: int | None = None,
-                  with_last: bool = False) -> list[dict]:
-        """Runs, newest first; `with_last` adds each run's last step and last loss."""
+                  with_last: bool = False, name: str | None = None) -> list[dict]:
+        """Runs, newest first; `with_last` adds each run's last step and last loss. `name` keeps
+        the runs whose name contains it."""
         self._mark_lost()
-        q, args = "SELECT * FROM runs", []
+        q, where, args = "SELECT * FROM runs", [], []
         if status is not None:
             sts = [status] if isinstance(status, str) else list(status)
-            q += f" WHERE status IN ({','.join('?' * len(sts))})"
+            for s in sts:
+                self._check_status(s)
+            where.append(f"status IN ({','.join('?' * len(sts))})")
             args += sts
+        if name is not None:
+            where.append("instr(name, ?) > 0")
+            args.append(name)
+        if where:
+            q += " WHERE " + " AND ".join(where)
         q += " ORDER BY started DESC"
         if limit is not None:
             q += " LIMIT ?"
@@ -159,56 +197,119 @@ class Registry:
         rows = [_row(r) for r in self._conn().execute(q, args).fetchall()]
         if with_last:
             for r in rows:
-                r.update(self.last_values(r["id"]))
+                r.update(_last(r))
         return rows
 
     def delete_run(self, run_id: str) -> None:
         with self._conn() as c:
-            c.execute("DELETE FROM metrics WHERE run_id=?", (run_id,))
+            c.execute("DELETE FROM events WHERE run_id=?", (run_id,))
             c.execute("DELETE FROM checkpoints WHERE run_id=?", (run_id,))
             c.execute("DELETE FROM runs WHERE id=?", (run_id,))
 
-    # --- metrics ---------------------------------------------------------------------------------
+    # --- events ----------------------------------------------------------------------------------
+    def add_events(self, run_id: str, events: Sequence[dict], *,
+                   end: dict | None = None) -> list[int]:
+        """Append events (dicts of the stream's schema) to a run's record in one transaction and
+        return their sequence numbers. Numbers are given here, under the write lock, so several
+        writers of one run (the ranks of a headless job) never collide, and a reader that has
+        seen seq N has everything up to N. Also keeps the run's last step and last values.
+        `end` ({"status", "reason", "error"}) also ends the run in the same transaction."""
+        if not events and end is None:
+            return []
+        c = self._conn()
+        c.execute("BEGIN IMMEDIATE")
+        try:
+            base = c.execute("SELECT COALESCE(MAX(seq), 0) FROM events WHERE run_id=?",
+                             (run_id,)).fetchone()[0]
+            rows, last = [], None
+            for i, e in enumerate(events, base + 1):
+                rows.append((run_id, i, int(e.get("rank", -1)), e["kind"], float(e["t"]),
+                             e.get("step"), json.dumps(e.get("data") or {}, separators=(",", ":"),
+                                                       default=_plain)))
+                if e["kind"] == "metric":
+                    last = _merge_last(last, e, c, run_id)
+            c.executemany("INSERT INTO events (run_id, seq, rank, kind, t, step, data) "
+                          "VALUES (?,?,?,?,?,?,?)", rows)
+            if last is not None:
+                c.execute("UPDATE runs SET last_step=?, summary=? WHERE id=?",
+                          (last["step"], json.dumps(last["values"]), run_id))
+            if end is not None:
+                self._check_status(end["status"])
+                c.execute("UPDATE runs SET status=?, ended=COALESCE(ended, ?), "
+                          "error=COALESCE(?, error), reason=COALESCE(?, reason) WHERE id=? AND "
+                          f"status IN ({','.join('?' * len(ACTIVE))})",
+                          (end["status"], time.time(), end.get("error"), end.get("reason"),
+                           run_id, *ACTIVE))
+            c.execute("COMMIT")
+        except BaseException:
+            c.execute("ROLLBACK")
+            raise
+        return list(range(base + 1, base + 1 + len(events)))
+
+    def events(self, run_id: str, after: int = 0, upto: int | None = None,
+               kinds: Sequence[str] | None = None, limit: int | None = None) -> list[dict]:
+        """A run's events with seq > after (and <= upto), oldest first, each with its `seq`."""
+        q = "SELECT seq, rank, kind, t, step, data FROM events WHERE run_id=? AND seq>?"
+        args: list[Any] = [run_id, int(after)]
+        if upto is not None:
+            q += " AND seq<=?"
+            args.append(int(upto))
+        if kinds:
+            q += f" AND kind IN ({','.join('?' * len(kinds))})"
+            args += list(kinds)
+        q += " ORDER BY seq"
+        if limit is not None:
+            q += " LIMIT ?"
+            args.append(int(limit))
+        return [{"run": run_id, "seq": r[0], "rank": r[1], "kind": r[2], "t": r[3], "step": r[4],
+                 "data": json.loads(r[5])} for r in self._conn().execute(q, args)]
+
+    def last_seq(self, run_id: str) -> int:
+        """The newest recorded event's sequence number (0: none yet)."""
+        return self._conn().execute("SELECT COALESCE(MAX(seq), 0) FROM events WHERE run_id=?",
+                                    (run_id,)).fetchone()[0]
+
     def add_metrics(self, rows: Iterable[tuple]) -> int:
-        """Insert (run_id, rank, step, t, name, value) rows in one transaction."""
-        rows = list(rows)
-        if rows:
-            c = self._conn()
-            c.execute("BEGIN")
-            try:
-                c.executemany("INSERT INTO metrics (run_id, rank, step, t, name, value) "
-                              "VALUES (?,?,?,?,?,?)", rows)
-                c.execute("COMMIT")
-            except BaseException:
-                c.execute("ROLLBACK")
-                raise
-        return len(rows)
+        """Record (run_id, rank, step, t, name, value) rows, one metric event per row: a shorthand
+        for tools and tests that write a run's record without a stream."""
+        by_run: dict[str, list[dict]] = {}
+        n = 0
+        for run_id, rank, step, t, name, value in rows:
+            by_run.setdefault(run_id, []).append(
+                {"rank": rank, "kind": "metric", "t": t, "step": step, "data": {name: value}})
+            n += 1
+        for run_id, events in by_run.items():
+            self.add_events(run_id, events)
+        return n
 
     def metrics(self, run_id: str, name: str | None = None, rank: int | None = None) -> list[dict]:
-        q, args = "SELECT rank, step, t, name, value FROM metrics WHERE run_id=?", [run_id]
-        if name is not None:
-            q += " AND name=?"
-            args.append(name)
+        """A run's metric points as rows {rank, step, t, name, value}, in the order reported."""
+        q = "SELECT rank, step, t, data FROM events WHERE run_id=? AND kind='metric'"
+        args: list[Any] = [run_id]
         if rank is not None:
             q += " AND rank=?"
             args.append(rank)
-        q += " ORDER BY t, rowid"
-        return [dict(r) for r in self._conn().execute(q, args).fetchall()]
+        if name is not None:  # a cheap pre-filter; the JSON decides
+            q += " AND instr(data, ?) > 0"
+            args.append(json.dumps(name))
+        q += " ORDER BY seq"
+        out = []
+        for r in self._conn().execute(q, args):
+            for k, v in json.loads(r[3]).items():
+                if name is None or k == name:
+                    out.append({"rank": r[0], "step": r[1], "t": r[2], "name": k, "value": v})
+        return out
 
     def last_values(self, run_id: str) -> dict:
         """{'last_step': int|None, 'last_loss': float|None} over all ranks."""
-        c = self._conn()
-        step = c.execute("SELECT MAX(step) FROM metrics WHERE run_id=?", (run_id,)).fetchone()[0]
-        loss = c.execute("SELECT value FROM metrics WHERE run_id=? AND name='loss' "
-                         "ORDER BY t DESC, rowid DESC LIMIT 1", (run_id,)).fetchone()
-        return {"last_step": step, "last_loss": loss[0] if loss else None}
+        row = self._conn().execute("SELECT last_step, summary FROM runs WHERE id=?",
+                                   (run_id,)).fetchone()
+        return _last(dict(row)) if row else {"last_step": None, "last_loss": None}
 
     def summary(self, run_id: str) -> dict:
         """Last value of every metric (rank 0 where present): the comparison table's row."""
-        rows = self._conn().execute(
-            "SELECT name, value FROM metrics WHERE run_id=? ORDER BY rank DESC, t, rowid",
-            (run_id,)).fetchall()
-        return {r["name"]: r["value"] for r in rows}
+        row = self._conn().execute("SELECT summary FROM runs WHERE id=?", (run_id,)).fetchone()
+        return _summary_values(row[0] if row else None)
 
     def add_checkpoint(self, run_id: str, step: int, path: str) -> None:
         with self._conn() as c:
@@ -218,8 +319,6 @@ class Registry:
     # --- lost runs -------------------------------------------------------------------------------
     def _mark_lost(self) -> None:
         """Mark runs of this host whose supervisor is gone but whose status is still active."""
-        import psutil
-
         host = socket.gethostname()
         rows = self._conn().execute(
             f"SELECT id, pid, pid_started, started FROM runs WHERE host=? AND status IN "
@@ -232,13 +331,73 @@ class Registry:
                 continue
             if not _alive(r["pid"], r["pid_started"]):
                 self.set_status(r["id"], "lost",
-                                error=f"the supervisor (pid {r['pid']}) ended without recording a "
-                                      "final status (kernel or machine died?)")
+                                reason="its supervisor process ended without recording a final "
+                                       "status",
+                                error=f"the supervisor (pid {r['pid']}) ended without recording "
+                                      "a final status (killed, or the machine went down)")
 
     @staticmethod
     def _check_status(status: str) -> None:
         if status not in STATUSES:
             raise ValueError(f"run status: got {status!r}; accepted: {', '.join(STATUSES)}")
+
+
+def _upgrade(c: sqlite3.Connection) -> None:
+    """Bring an older database to this schema: new run columns, and per-scalar metric rows (the
+    first schema) moved into the event log, one event per row, so no history is lost."""
+    have = {r[1] for r in c.execute("PRAGMA table_info(runs)")}
+    for name, typ in _ADDED:
+        if name not in have:
+            c.execute(f"ALTER TABLE runs ADD COLUMN {name} {typ}")
+    if c.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='metrics'").fetchone():
+        c.execute("INSERT OR IGNORE INTO events (run_id, seq, rank, kind, t, step, data) "
+                  "SELECT run_id, rowid, rank, 'metric', t, step, json_object(name, value) "
+                  "FROM metrics")
+        c.execute("DROP TABLE metrics")
+
+
+def _merge_last(last: dict | None, e: dict, c: sqlite3.Connection, run_id: str) -> dict:
+    """Fold a metric event into the run's {step, values} summary (values: name -> [rank, value];
+    a rank's value replaces one of the same or a higher rank, so rank 0's numbers win)."""
+    if last is None:
+        row = c.execute("SELECT last_step, summary FROM runs WHERE id=?", (run_id,)).fetchone()
+        last = {"step": row[0] if row else None,
+                "values": json.loads(row[1]) if row and row[1] else {}}
+    step, rank = e.get("step"), int(e.get("rank", 0))
+    if step is not None and (last["step"] is None or step > last["step"]):
+        last["step"] = step
+    values = last["values"]
+    for k, v in (e.get("data") or {}).items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            old = values.get(k)
+            if old is None or rank <= old[0]:
+                values[k] = [rank, v]
+    return last
+
+
+def _summary_values(raw: str | None) -> dict:
+    if not raw:
+        return {}
+    return {k: v[1] for k, v in json.loads(raw).items()}
+
+
+def _last(row: dict) -> dict:
+    values = row["summary"] if isinstance(row.get("summary"), dict) else \
+        _summary_values(row.get("summary"))
+    return {"last_step": row.get("last_step"), "last_loss": values.get("loss")}
+
+
+def _plain(o: Any) -> Any:
+    try:
+        return float(o)
+    except Exception:
+        return repr(o)
+
+
+def _to_sql(column: str, value: Any) -> Any:
+    if column in _JSON_COLUMNS and value is not None and not isinstance(value, str):
+        return json.dumps(value, default=str)
+    return value
 
 
 def _alive(pid: int, started: float | None) -> bool:
@@ -255,36 +414,70 @@ def _alive(pid: int, started: float | None) -> bool:
 
 def _row(r: sqlite3.Row) -> dict:
     d = dict(r)
-    try:
-        d["config"] = json.loads(d["config"]) if d.get("config") else {}
-    except ValueError:
-        pass
+    for k in _JSON_COLUMNS:
+        if k == "summary":
+            d[k] = _summary_values(d.get(k))
+            continue
+        try:
+            d[k] = json.loads(d[k]) if d.get(k) else ({} if k == "config" else None)
+        except ValueError:
+            pass
     return d
 
 
-class RunList(list):
-    """A list of run dicts that renders as a table in a notebook."""
+class RunTable(list):
+    """Runs as a table: HTML in a notebook, aligned text in a terminal, still a list of row dicts
+    (iterate it, index it, read any column of a row)."""
 
-    COLS = ("id", "name", "status", "num_processes", "last_step", "last_loss", "started", "ended")
+    COLS = (("id", "id"), ("name", "name"), ("status", "status"), ("num_processes", "ranks"),
+            ("last_step", "step"), ("last_loss", "loss"), ("started", "started"),
+            ("duration", "duration"), ("note", "note"))
+
+    def _cells(self, r: dict) -> list[str]:
+        out = []
+        for key, _ in self.COLS:
+            if key == "duration":
+                start, end = r.get("started"), r.get("ended") or time.time()
+                v = _duration(end - start) if start else ""
+            elif key == "note":
+                v = r.get("reason") or ""
+                src = r.get("resumed_from")
+                if isinstance(src, dict) and src.get("step") is not None:
+                    v = f"resumed from step {src['step']}" + (f"; {v}" if v else "")
+            else:
+                v = r.get(key)
+                if key == "started" and v:
+                    v = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(v))
+                elif isinstance(v, float):
+                    v = f"{v:.4g}"
+            out.append("" if v is None else str(v))
+        return out
 
     def _repr_html_(self) -> str:
         import html
 
-        head = "".join(f"<th>{c}</th>" for c in self.COLS)
-        body = []
-        for r in self:
-            cells = []
-            for c in self.COLS:
-                v = r.get(c)
-                if c in ("started", "ended") and v:
-                    v = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(v))
-                elif isinstance(v, float):
-                    v = f"{v:.4g}"
-                cells.append(f"<td>{html.escape('' if v is None else str(v))}</td>")
-            body.append("<tr>" + "".join(cells) + "</tr>")
-        return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+        head = "".join(f"<th style='text-align:left'>{t}</th>" for _, t in self.COLS)
+        body = "".join("<tr>" + "".join(f"<td style='text-align:left'>{html.escape(c)}</td>"
+                                        for c in self._cells(r)) + "</tr>" for r in self)
+        return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+    def __str__(self) -> str:
+        rows = [[t for _, t in self.COLS]] + [self._cells(r) for r in self]
+        widths = [max(len(row[i]) for row in rows) for i in range(len(self.COLS))]
+        return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip()
+                         for row in rows)
+
+    def __repr__(self) -> str:
+        return str(self) if self else "RunTable([])  (no runs)"
 
 
-def runs(status: str | Sequence[str] | None = None, limit: int | None = None) -> RunList:
-    """The runs in the registry, newest first, with their last step and loss."""
-    return RunList(Registry().list_runs(status=status, limit=limit, with_last=True))
+def _duration(seconds: float) -> str:
+    s = int(max(0, seconds))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def runs(status: str | Sequence[str] | None = None, name: str | None = None,
+         limit: int | None = None) -> RunTable:
+    """The runs in the registry, newest first, as a table: `status` keeps those in that status
+    (or any of several), `name` those whose name contains it."""
+    return RunTable(Registry().list_runs(status=status, name=name, limit=limit, with_last=True))

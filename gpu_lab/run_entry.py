@@ -4,10 +4,12 @@ This is what every exported command runs, once per rank: under torchrun (and `ac
 which starts torchrun's agent), under Slurm's srun (one task per GPU), in a Kubernetes pod, or
 alone. No kernel is listening, so each rank records its own metrics:
 
-- every rank binds a Receiver on loopback in its own process and points gpu_lab.report at it
-  (`GPU_LAB_EVENTS`), so `report()` keeps its never-block promise; the receiver thread writes the
-  rank's metrics into the run registry (SQLite in WAL mode with a busy timeout: concurrent writers
-  wait their turn instead of failing). No address has to be agreed between ranks or nodes.
+- every rank runs a Recorder on loopback in its own process and points gpu_lab.report at it
+  (`GPU_LAB_EVENTS`), so `report()` keeps its never-block promise; the recorder's thread writes the
+  rank's events into the run's record in the registry (SQLite in WAL mode with a busy timeout:
+  concurrent writers wait their turn, and the registry numbers events under its write lock). No
+  address has to be agreed between ranks or nodes; `gpu_lab.attach(run_id)` follows such a run
+  through the registry.
 - local rank 0 of each node creates (or, after a restart or a Slurm requeue, revives) the node's
   registry row: kind "torchrun" / "slurm" / "python", the node rank, the number of nodes, the
   launcher's pid (so `gpu_lab.launch.stop_run` and lost-run detection work as for notebook runs).
@@ -27,7 +29,6 @@ import json
 import os
 import signal
 import socket
-import sqlite3
 import sys
 import threading
 import time
@@ -129,32 +130,6 @@ def derive_run_id(topo: Topology, explicit: str | None = None, env: dict | None 
     return base if topo.num_nodes == 1 or topo.node_rank == 0 else f"{base}-node{topo.node_rank}"
 
 
-class RegistrySink:
-    """Receiver subscriber: writes this rank's metric events into the registry, on the receiver's
-    thread (never the training thread)."""
-
-    def __init__(self, registry: Any, run_id: str) -> None:
-        self.registry = registry
-        self.run_id = run_id
-        self.seen = 0
-        self.written = 0
-        self.errors = 0
-
-    def __call__(self, events: list) -> None:
-        from .stream import events as ev
-
-        rows = [(self.run_id, e["rank"], e.get("step"), e["t"], k, v)
-                for e in events if e["kind"] == ev.METRIC
-                for k, v in e["data"].items() if isinstance(v, (int, float))]
-        try:
-            self.written += self.registry.add_metrics(rows)
-        except sqlite3.Error as exc:  # a full disk must not stop training; it is reported at exit
-            self.errors += 1
-            print(f"gpu_lab.run_entry: metrics not written to {self.registry.path}: {exc}",
-                  file=sys.stderr, flush=True)
-        self.seen += len(events)
-
-
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m gpu_lab.run_entry",
@@ -224,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .registry import Registry, home
     from .stream import events as ev
     from .stream import reporter as rep
-    from .stream.receiver import Receiver
+    from .stream.recorder import Recorder
 
     registry = Registry()
     run_dir = home() / "runs" / run_id
@@ -236,10 +211,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if topo.is_node_leader:
         open_row()
 
-    receiver = Receiver()
-    sink = RegistrySink(registry, run_id)
-    receiver.subscribe(run_id, sink)
-    os.environ.update({ev.ENV_RUN_ID: run_id, ev.ENV_ADDRESS: receiver.address,
+    recorder = Recorder(registry, run_id, publish=False)
+    os.environ.update({ev.ENV_RUN_ID: run_id, ev.ENV_ADDRESS: recorder.address,
                        ev.ENV_RUN_DIR: str(run_dir)})
     rep.reset_reporter()
     reporter = rep.get_reporter()
@@ -274,7 +247,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if threading.current_thread() is threading.main_thread():
             for sig in STOP_SIGNALS:  # a second signal must not cut the bookkeeping short;
                 signal.signal(sig, signal.SIG_IGN)  # it takes seconds, SIGKILL still works
-        _drain(reporter, receiver, sink)
+        reporter.close(2.5)  # the last reports go to the recorder, which writes them and closes
+        recorder.close()
 
     if status == "failed" and registry.get_run(run_id) is None:
         # this rank failed before the node leader got as far as creating the row (it may have
@@ -284,9 +258,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         except Exception:  # noqa: BLE001 - the leader created it in the meantime
             pass
     _close_row(registry, run_id, topo, status, error)
-    if sink.errors:
-        print(f"gpu_lab.run_entry: rank {topo.rank}: {sink.errors} metric batch(es) could not be "
-              "written to the registry", file=sys.stderr, flush=True)
+    lost = recorder.received - recorder.written
+    if lost or recorder.write_errors:
+        print(f"gpu_lab.run_entry: rank {topo.rank}: {lost} event(s) could not be written to "
+              f"{registry.path} ({recorder.write_errors} failed write(s))", file=sys.stderr,
+              flush=True)
     return code
 
 
@@ -317,7 +293,9 @@ def _close_row(registry: Any, run_id: str, topo: Topology, status: str, error: s
     if status == "failed":
         row = registry.get_run(run_id)
         if row is None or row["status"] != "failed":  # the first failure is the root cause;
-            registry.set_status(run_id, "failed", error=error)  # the others follow from it
+            # the others follow from it; it also replaces a 'stopped' that torchrun's ending of
+            # the surviving ranks wrote first
+            registry.set_status(run_id, "failed", error=error, overwrite=True)
         return
     if status == "succeeded" and not topo.is_node_leader:
         return
@@ -336,15 +314,6 @@ def _write_result(run_dir: Path, result: Any) -> None:
     except Exception:  # noqa: BLE001 - an unpicklable result is not a failed run
         return
     write_atomic(run_dir / "result.pkl", payload)
-
-
-def _drain(reporter: Any, receiver: Any, sink: RegistrySink, timeout: float = 5.0) -> None:
-    """Hand the last reports to the receiver and let its thread write them, then close it."""
-    reporter.close(timeout / 2)
-    deadline = time.monotonic() + timeout
-    while sink.seen < reporter.sent and time.monotonic() < deadline:
-        time.sleep(0.01)
-    receiver.close()
 
 
 if __name__ == "__main__":

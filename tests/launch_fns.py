@@ -91,3 +91,24 @@ def preempted_at_step(k: int = 2):
             raise SystemExit(143)
         acc.backward(model(torch.randn(4, 4)).pow(2).mean())
         gpu_lab.report(step, loss=1.0)
+
+
+def fit_params(config, pace: float = 0.0):
+    """fit() on synthetic images (the config's model) with a pause after every step, so a test can
+    act on the run mid-way; returns fit's summary and rank 0's final parameters."""
+    from accelerate.utils import set_seed
+
+    from gpu_lab.models import build
+    from gpu_lab.train import Callback, fit
+    from gpu_lab.train.classifier import datasets
+
+    class Pace(Callback):
+        def on_step_end(self, state):
+            time.sleep(pace)
+
+    set_seed(config.seed)
+    model = build(config.model, config.num_classes, config.image_size)
+    train, _ = datasets(config)
+    summary = fit(model, train, config, callbacks=[Pace()] if pace else [])
+    summary["params"] = [v for p in model.parameters() for v in p.detach().reshape(-1).tolist()]
+    return summary

@@ -5,16 +5,25 @@ import time
 
 import zmq
 
+from gpu_lab.registry import Registry
 from gpu_lab.stream import MetricHistory, Reporter, Series
 from gpu_lab.stream.receiver import Receiver
+from gpu_lab.stream.recorder import Recorder
 
 from proc_utils import wait_until
 
 
-def test_report_reaches_the_receiver_with_rank_and_step():
-    rec = Receiver()
+def _recorder(tmp_path, run_id, **kw):
+    reg = Registry(tmp_path / "registry.db")
+    reg.create_run(run_id, status="running")
+    return reg, Recorder(reg, run_id, **kw)
+
+
+def test_report_is_recorded_numbered_and_followed_live(tmp_path):
+    reg, rec = _recorder(tmp_path, "r1")
+    follower = Receiver(registry=reg)
     got = []
-    rec.subscribe("r1", got.extend)
+    follower.follow("r1", got.extend, address=rec.publish_address)
     try:
         rep = Reporter(address=rec.address, run_id="r1", rank=3, interval=0.01)
         for s in range(100):
@@ -23,9 +32,68 @@ def test_report_reaches_the_receiver_with_rank_and_step():
         wait_until(lambda: len(got) >= 100, 10, what="100 events")
     finally:
         rec.close()
-    assert [e["step"] for e in got[:100]] == list(range(100))
+        follower.close()
+    assert [e["step"] for e in got] == list(range(100))  # each once, in order
+    assert [e["seq"] for e in got] == list(range(1, 101))
     assert {e["rank"] for e in got} == {3}
     assert got[0]["data"] == {"loss": 1.0, "lr": 0.1}
+    stored = reg.events("r1")
+    assert [e["step"] for e in stored] == list(range(100))
+    assert reg.last_values("r1") == {"last_step": 99, "last_loss": 0.01}
+
+
+def test_a_late_follower_gets_the_whole_record_then_live_events(tmp_path):
+    reg, rec = _recorder(tmp_path, "late")
+    rep = Reporter(address=rec.address, run_id="late", rank=0, interval=0.01)
+    try:
+        for s in range(50):
+            rep.report(s, loss=float(s))
+        rep.flush(2.0)
+        assert rec.flush(5.0)
+        follower = Receiver(registry=reg)
+        got = []
+        follower.follow("late", got.extend, address=rec.publish_address)
+        wait_until(lambda: len(got) >= 50, 10, what="the recorded history")
+        for s in range(50, 80):
+            rep.report(s, loss=float(s))
+        rep.close(2.0)
+        wait_until(lambda: len(got) >= 80, 10, what="the live events")
+    finally:
+        rec.close()
+        follower.close()
+    assert [e["step"] for e in got] == list(range(80))
+    assert follower.read_back >= 50  # the first 50 came from the registry
+
+
+def test_the_recorder_stays_bounded_and_every_report_is_stored_or_counted(tmp_path):
+    """A database that is busy for a while (another writer holds its lock): the recorder stops
+    taking events, zmq's queues fill, and the ranks drop and count instead of waiting."""
+    import sqlite3
+
+    reg, rec = _recorder(tmp_path, "busy", max_pending=5_000)
+    blocker = sqlite3.connect(tmp_path / "registry.db", isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")  # the recorder's next write waits for this
+    rep = Reporter(address=rec.address, run_id="busy", rank=0, interval=0.005, maxlen=2_000)
+    worst = 0.0
+    try:
+        for s in range(100_000):
+            t0 = time.perf_counter()
+            rep.report(s, loss=1.0)
+            worst = max(worst, time.perf_counter() - t0)
+        wait_until(lambda: rep.dropped > 0, 10, what="drops at the rank")
+        blocker.execute("COMMIT")
+        rep.close(2.0)
+        assert rec.flush(30.0)
+    finally:
+        blocker.close()
+        rec.close()
+    stored = sum(1 for e in reg.events("busy") if e["kind"] == "metric")
+    assert rec.peak_pending < 5_000 + 2_000  # one batch (2,000 events at most) over the bound
+    assert stored + rep.dropped == 100_000, (stored, rep.dropped)
+    drops = [e for e in reg.events("busy") if e["kind"] == "dropped"]
+    assert drops and drops[-1]["data"]["count"] == rep.dropped  # the count is in the record
+    print(f"stored {stored}, dropped and counted {rep.dropped}, slowest report() "
+          f"{worst * 1e6:.0f} µs, peak pending {rec.peak_pending}")
 
 
 def test_report_never_blocks_when_nobody_listens_and_counts_drops():
@@ -53,20 +121,18 @@ def test_report_outside_a_launch_is_a_noop():
     assert not rep.enabled and rep._thread is None
 
 
-def test_tensor_values_are_converted_off_the_training_thread():
+def test_tensor_values_are_converted_off_the_training_thread(tmp_path):
     import torch
 
-    rec = Receiver()
-    got = []
-    rec.subscribe("t", got.extend)
+    reg, rec = _recorder(tmp_path, "t")
     try:
         rep = Reporter(address=rec.address, run_id="t", rank=0, interval=0.01)
         rep.report(0, loss=torch.tensor(0.25), acc=torch.tensor([1.0, 0.0]), bad="x")
         rep.close(2.0)
-        wait_until(lambda: got, 10, what="the event")
+        wait_until(lambda: reg.events("t"), 10, what="the event")
     finally:
         rec.close()
-    assert got[0]["data"] == {"loss": 0.25, "acc": 0.5}
+    assert reg.events("t")[0]["data"] == {"loss": 0.25, "acc": 0.5}
 
 
 def test_series_stays_bounded_and_keeps_spikes():

@@ -418,7 +418,7 @@ def test_dashboard_of_a_finished_run_from_the_registry(gpu_lab_home):
     assert initial[("loss", 0)] == initial[("loss", 1)] == initial[("loss", MEAN)] == 50
     assert "failed" in d.info.status_line.value and "boom" in d.info.error_box.value
     assert repr(d) == "Dashboard(run='old-run', status='failed', telemetry=False)"
-    with pytest.raises(KeyError, match="no run with id 'nope'.*recent runs: old-run"):
+    with pytest.raises(KeyError, match="no run with id or name 'nope'.*recent runs: old-run"):
         Dashboard("nope")
     with pytest.raises(TypeError, match="expected a Run"):
         Dashboard(42)

@@ -1,4 +1,11 @@
-"""Run: the kernel's handle on one launched training run."""
+"""Run: a handle on one training run, from the kernel that launched it or from any other process.
+
+The run's record belongs to the run: its supervisor records every event in the registry and
+publishes it live. A Run handle is one subscriber among others. `gpu_lab.launch` returns one;
+`gpu_lab.attach(id_or_name)` makes one for any run on this host (history from the registry, then
+the live events), and both work the same: status, wait, wait_for_step, stop, request_checkpoint,
+logs, error, result, dashboard, resume.
+"""
 from __future__ import annotations
 
 import json
@@ -16,7 +23,7 @@ from ..stream import events as ev
 from ..stream.history import MetricHistory
 from . import triage
 
-FINAL = ("succeeded", "failed", "stopped", "lost")
+FINAL = ev.FINAL_STATUSES
 
 
 class RunFailedError(RuntimeError):
@@ -24,14 +31,17 @@ class RunFailedError(RuntimeError):
 
 
 class Run:
-    """A launched run. Returned at once by gpu_lab.launch(); the kernel stays free.
+    """A training run. Returned at once by gpu_lab.launch(), or by gpu_lab.attach().
 
-    status: pending → running → succeeded | failed | stopped.
+    status: pending → running → succeeded | failed | stopped (| lost: its supervisor died).
+    `reason` says why a run stopped; `resumed_from` is {"run", "step", "path"} for a run that
+    continues another's checkpoint.
     """
 
     def __init__(self, run_id: str, name: str, run_dir: Path, num_processes: int,
                  registry: Registry, config: Any = None, port: int | None = None,
-                 device: str = "cpu") -> None:
+                 device: str = "cpu", *, detach: bool = False, output_dir: str | None = None,
+                 resumed_from: dict | None = None, owner: bool = True) -> None:
         self.id = run_id
         self.name = name
         self.run_dir = Path(run_dir)
@@ -39,19 +49,61 @@ class Run:
         self.config = config
         self.port = port
         self.device = device
+        self.detach = detach
+        self.output_dir = output_dir
+        self.resumed_from = resumed_from
+        self.owner = owner  # launched by this process (it is the supervisor's parent)
         self.pid: int | None = None
+        self.pid_started: float | None = None
         self.metrics = MetricHistory()
         self.exitcode: int | None = None
+        self.reason: str | None = None
+        self._fn: Callable | None = None  # the training function and its args, for resume()
+        self._args: tuple = ()
+        self._launch_kw: dict = {}
         self._registry = registry
         self._status = "pending"
+        self._seq = 0
         self._done = threading.Event()
+        # the launching process learns of the end once it has reaped the supervisor: when wait()
+        # returns there, no process of the run is left
+        self._reaped = threading.Event()
+        self._final: dict | None = None
         self._progress = threading.Condition()  # notified on every metric batch and at the end
         self._last_step: dict[tuple[str, int], float] = {}  # (metric, rank) -> newest step
         self._subs: list[Callable[[list], None]] = []
         self._lock = threading.Lock()
         self._log_events: deque = deque(maxlen=500)
         self.dropped = 0
+        self._dropped_by_rank: dict[int, int] = {}
         self._error: triage.RunError | None = None
+
+    @classmethod
+    def _from_row(cls, row: dict, registry: Registry) -> "Run":
+        cfg = row.get("config") or None
+        if cfg:
+            from ..config import TrainConfig
+
+            try:
+                cfg = TrainConfig.from_dict(cfg)
+            except (TypeError, ValueError):
+                pass  # a config of another version: keep the dict
+        run = cls(row["id"], row.get("name") or row["id"],
+                  Path(row["run_dir"]) if row.get("run_dir") else Path(),
+                  int(row.get("num_processes") or 0), registry, config=cfg,
+                  detach=bool(row.get("detach")), output_dir=row.get("output_dir"),
+                  resumed_from=row.get("resumed_from"), owner=False)
+        run.pid, run.pid_started = row.get("pid"), row.get("pid_started")
+        run._entry = row.get("entry")
+        run._row_error = row.get("error")
+        run._apply_row(row)
+        return run
+
+    def _apply_row(self, row: dict) -> None:
+        if row["status"] in ("running", "stopping") and self._status == "pending":
+            self._status = row["status"]
+        if row["status"] in FINAL:
+            self._finish(row["status"], reason=row.get("reason"), announce=False)
 
     # --- state -----------------------------------------------------------------------------------
     @property
@@ -86,7 +138,7 @@ class Run:
         if not self._done.wait(timeout):
             raise TimeoutError(f"run {self.id} still {self._status} after {timeout} s")
         if self._status != "succeeded":
-            detail = f"\n{self.error}" if self.error else ""
+            detail = f"\n{self.error}" if self.error else (f" ({self.reason})" if self.reason else "")
             raise RunFailedError(f"run {self.id} {self._status}; no result{detail}")
         p = self.run_dir / "result.pkl"
         if not p.exists():
@@ -121,6 +173,8 @@ class Run:
                 note = json.loads(sp.read_text()).get("note") or None
             except ValueError:
                 pass
+        if not failures and note is None:
+            note = getattr(self, "_row_error", None)  # what the registry holds (a headless job's)
         if not failures and note is None and self.exitcode is not None:
             note = f"supervisor exited with code {self.exitcode} without a status file"
         if not failures and note:
@@ -156,10 +210,31 @@ class Run:
             if fn in self._subs:
                 self._subs.remove(fn)
 
+    def _follow(self) -> None:
+        """Receive this run's events from now on (those after the ones already applied)."""
+        from ..stream.receiver import get_receiver
+
+        row_address = None
+        if not self.owner:
+            row = self._registry.get_run(self.id)
+            row_address = row.get("events_address") if row else None
+        get_receiver().follow(self.id, self._on_events, after=self._seq, address=row_address)
+
+    def _load_history(self) -> None:
+        """Apply the run's recorded events (an attach), on the calling thread."""
+        events = self._registry.events(self.id, after=self._seq)
+        if events:
+            self._on_events(events)
+
     def _on_events(self, events: list) -> None:
-        rows = []
         progressed = False
+        final = None
         for e in events:
+            seq = e.get("seq")
+            if seq:
+                if seq <= self._seq:
+                    continue
+                self._seq = seq
             kind = e["kind"]
             if kind == ev.METRIC:
                 self.metrics.add(e["rank"], e.get("step"), e["t"], e["data"])
@@ -168,60 +243,100 @@ class Run:
                     for k in e["data"]:
                         key = (k, e["rank"])
                         self._last_step[key] = max(self._last_step.get(key, e["step"]), e["step"])
-                rows += [(self.id, e["rank"], e.get("step"), e["t"], k, v)
-                         for k, v in e["data"].items() if isinstance(v, (int, float))]
-            elif kind == ev.STATUS and e["data"].get("status") == "running" and self._status == "pending":
-                self._status = "running"
+            elif kind == ev.STATUS:
+                st = e["data"].get("status")
+                if st in FINAL:
+                    final = e["data"]
+                elif st in ("running", "stopping") and self._status in ("pending", "running"):
+                    self._status = st
+                if e["data"].get("reason"):
+                    self.reason = e["data"]["reason"]
             elif kind == ev.DROPPED:
-                self.dropped = max(self.dropped, int(e["data"].get("count", 0)))
+                self._dropped_by_rank[e["rank"]] = max(self._dropped_by_rank.get(e["rank"], 0),
+                                                       int(e["data"].get("count", 0)))
+                self.dropped = sum(self._dropped_by_rank.values())
             elif kind == ev.LOG:
                 self._log_events.append(e)
         if progressed:
             with self._progress:
                 self._progress.notify_all()
-        if rows:
-            try:
-                self._registry.add_metrics(rows)
-            except Exception:  # noqa: BLE001 - a locked DB must not stop the stream
-                pass
         with self._lock:
             subs = list(self._subs)
         for fn in subs:
             fn(events)
+        if final is not None:
+            self._final = final
+            if not self.owner or self._reaped.is_set():
+                self._finish(final["status"], final.get("exitcode"), final.get("reason"))
 
-    def _finish(self, status: str, exitcode: int | None) -> None:
-        self.exitcode = exitcode
+    def _finish(self, status: str, exitcode: int | None = None, reason: str | None = None,
+                announce: bool = True) -> None:
+        with self._lock:
+            if self._done.is_set():
+                return
+            self._finish_locked(status, exitcode, reason)
+        from ..stream.receiver import get_receiver
+
+        if announce:
+            get_receiver().unfollow(self.id, self._on_events)
+
+    def _finish_locked(self, status: str, exitcode: int | None, reason: str | None) -> None:
+        if exitcode is not None:
+            self.exitcode = exitcode
+        if reason:
+            self.reason = reason
         self._status = status
         if status == "failed":
             self._error = self._load_errors()
-        self._registry.set_status(self.id, status,
-                                  error=str(self._error) if self._error else None)
         self._done.set()
         with self._progress:
             self._progress.notify_all()
-        e = ev.make(self.id, -1, ev.STATUS, {"status": status, "exitcode": exitcode})
-        with self._lock:
-            subs = list(self._subs)
-        for fn in subs:
-            try:
-                fn([e])
-            except Exception:  # noqa: BLE001
-                pass
 
     # --- control ---------------------------------------------------------------------------------
     def request_checkpoint(self) -> None:
         """Ask the training loop to save a checkpoint at its next step boundary."""
         _touch(self.run_dir / "control" / "checkpoint")
 
-    def stop(self, grace: float = 5.0, timeout: float = 15.0) -> str:
+    def stop(self, grace: float = 5.0, timeout: float = 15.0,
+             reason: str = "stopped by the user") -> str:
         """Stop the run: SIGTERM to its process group (the training loop checkpoints and exits),
         then SIGKILL to whatever is left after `grace` seconds. Returns the final status."""
         if self.done:
             return self._status
         if self.pid is not None:
-            terminate_tree(self.pid, self.run_dir, grace=grace)
+            terminate_tree(self.pid, self.run_dir, grace=grace, pid_started=self.pid_started,
+                           reason=reason)
         self._done.wait(timeout)
         return self._status
+
+    def resume(self, fn: Callable | None = None, *args: Any, **changes: Any) -> "Run":
+        """Launch a new run that continues this one from its newest complete checkpoint, with the
+        same training function and config (`changes` replace config fields that may change, such
+        as max_steps). An attached run knows its function only when it is importable (not defined
+        in a notebook); pass `fn` (and its `args`) otherwise."""
+        from .launcher import launch
+        from ..export.entry import resolve_entry
+
+        if fn is None:
+            if self._fn is not None:
+                fn, args = self._fn, args or self._args
+            elif getattr(self, "_entry", None):
+                fn = resolve_entry(self._entry)
+            else:
+                raise ValueError(f"run {self.id}: its training function is not importable (defined "
+                                 "in a notebook?); call run.resume(fn) with the function")
+        config = self.config
+        if changes:
+            if config is None or isinstance(config, dict):
+                raise ValueError(f"run {self.id} has no TrainConfig to change {sorted(changes)} in")
+            config = config.replace(**changes)
+        if not args and config is not None:
+            args = (config,)
+        else:
+            args = tuple(config if a is self.config else a for a in args)
+        kw = {k: v for k, v in self._launch_kw.items() if k != "config"}
+        return launch(fn, *args, config=config, resume=self, name=kw.pop("name", self.name),
+                      detach=kw.pop("detach", self.detach), **kw)
 
     def dashboard(self, **kw: Any):
         """A live Dashboard widget for this run."""
@@ -240,18 +355,37 @@ class Run:
                  "succeeded": "#0969da"}.get(self._status, "#555")
         step = self.metrics.last("loss")
         loss = f", last loss {step:.4g}" if step is not None else ""
+        extra = ""
+        if self.resumed_from:
+            extra += (f" · resumed from step {self.resumed_from.get('step')} "
+                      f"({html.escape(str(self.resumed_from.get('path')))})")
+        if self.reason and self._status in FINAL:
+            extra += f" · {html.escape(self.reason)}"
         return (f"<b>{html.escape(self.name)}</b> <code>{html.escape(self.id)}</code> "
                 f"<span style='color:{color}'>{self._status}</span> · {self.num_processes} "
-                f"{'GPU' if self.device == 'cuda' else 'CPU'} rank(s){loss}")
+                f"{'GPU' if self.device == 'cuda' else 'CPU'} rank(s){loss}{extra}")
 
 
-def _touch(p: Path) -> None:
+def attach(run_id_or_name: str, registry: Registry | None = None) -> Run:
+    """A Run handle on a run of this host, by id or name (the newest run of that name): its whole
+    recorded history, then its live events. Works from any kernel or script, whoever launched it,
+    and for finished runs too."""
+    reg = registry or Registry()
+    row = reg.find_run(run_id_or_name)
+    run = Run._from_row(row, reg)
+    run._load_history()
+    if not run.done:
+        run._follow()
+    return run
+
+
+def _touch(p: Path, text: str = "") -> None:
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(str(time.time()))
+    p.write_text(text or str(time.time()))
 
 
 def terminate_tree(pid: int, run_dir: Path | None, grace: float = 5.0,
-                   pid_started: float | None = None) -> None:
+                   pid_started: float | None = None, reason: str = "stopped") -> None:
     """End a supervisor's whole process tree: graceful (SIGTERM), then forceful (SIGKILL).
 
     The tree is snapshotted first, because once the supervisor dies its workers are re-parented
@@ -260,7 +394,7 @@ def terminate_tree(pid: int, run_dir: Path | None, grace: float = 5.0,
     import psutil
 
     if run_dir is not None:
-        _touch(Path(run_dir) / "control" / "stop")
+        _touch(Path(run_dir) / "control" / "stop", reason)
     try:
         sup = psutil.Process(pid)
         if pid_started is not None and abs(sup.create_time() - pid_started) > 1.0:
@@ -278,6 +412,13 @@ def terminate_tree(pid: int, run_dir: Path | None, grace: float = 5.0,
     # Poll rather than psutil.wait_procs: that would waitpid() the supervisor, which is our child,
     # and steal its exit status from the thread that waits for it.
     _wait_gone(procs, grace)
+    # Ranks that ignored SIGTERM go first; the supervisor then has a moment to record the end
+    # (a supervisor killed before that leaves a run that readers call lost).
+    ranks = [p for p in procs[1:] if _alive(p)]
+    if ranks:
+        _signal_all(ranks, None, signal.SIGKILL)
+        _wait_gone(ranks, 5.0)
+        _wait_gone(procs[:1], 5.0)
     leftover = [p for p in procs if _alive(p)]
     if leftover:
         _signal_all(leftover, pgid, signal.SIGKILL)

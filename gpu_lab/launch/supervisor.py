@@ -1,10 +1,18 @@
 """Code that runs in the forked supervisor and in each rank.
 
 The supervisor is forked from the kernel (which is still CUDA-free), becomes the leader of its own
-process group, detaches its output from the kernel's sockets, and calls accelerate's
-notebook_launcher. notebook_launcher blocks and discards return values; that is fine here, because
-the supervisor is not the kernel: rank 0 writes its return value to a file, each failed rank writes
-its exception, and the supervisor writes the final status before it exits.
+process group, lets go of the kernel's sockets and output, and calls accelerate's
+notebook_launcher. It owns the run's record: the recorder process it starts receives every rank's
+events, writes them to the registry and publishes them to any subscriber (the launching kernel is
+one).
+notebook_launcher blocks and discards return values; that is fine here, because the supervisor is
+not the kernel: rank 0 writes its return value to a file, each failed rank writes its exception,
+and the supervisor records the final status, with its reason, before it exits.
+
+A run ends with its launching kernel unless it was launched with detach=True: the supervisor
+watches its parent and, when the kernel is gone, stops the ranks the way Run.stop() does (they
+checkpoint at the next step). The ranks die with the supervisor (a parent-death signal), so a
+killed supervisor leaves no process behind.
 """
 from __future__ import annotations
 
@@ -12,6 +20,7 @@ import json
 import os
 import pickle
 import signal
+import stat
 import sys
 import tempfile
 import threading
@@ -27,25 +36,83 @@ from . import triage
 EXIT_OK, EXIT_FAILED, EXIT_STOPPED = 0, 1, 143
 
 
+RDZV_BACKENDS = ("static", "c10d")
+
+
+class _Stop(BaseException):
+    """SIGTERM or SIGHUP reached the supervisor outside the elastic agent's own handler."""
+
+
 @dataclass
 class Spec:
-    """Everything the supervisor needs, fixed before the fork."""
+    """What a launch asked for (checked on construction, before anything starts), and what the
+    launcher fills in once the run exists: everything the supervisor needs, fixed before the fork."""
 
-    run_id: str
-    run_dir: str
     fn: Callable
-    args: tuple
-    num_processes: int
-    mixed_precision: str
-    port: int
-    device: str
-    address: str
-    registry_path: str
-    master_addr: str = "127.0.0.1"
+    args: tuple = ()
+    num_processes: int | None = None
+    mixed_precision: str = "no"
+    name: str | None = None
+    detach: bool = False
     num_nodes: int = 1
     node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    port: int | None = None
     rdzv_backend: str = "static"
     env: dict = field(default_factory=dict)
+    # filled in by the launcher
+    run_id: str = ""
+    run_dir: str = ""
+    device: str = "cpu"
+    registry_path: str = ""
+
+    def __post_init__(self) -> None:
+        from ..config import MixedPrecision
+
+        if not callable(self.fn):
+            raise TypeError(f"launch: fn must be callable (a training function); got "
+                            f"{type(self.fn).__name__}")
+        n = self.num_processes
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int)):
+            raise TypeError(f"launch: num_processes must be an int >= 1 or None; got {n!r}")
+        if n is not None and n < 1:
+            raise ValueError(f"launch: num_processes must be >= 1 or None; got {n}")
+        if self.mixed_precision not in MixedPrecision.choices():
+            raise ValueError(f"launch: mixed_precision: got {self.mixed_precision!r}; accepted: "
+                             f"{', '.join(map(repr, MixedPrecision.choices()))}")
+        if self.name is not None and (not isinstance(self.name, str) or not self.name.strip()):
+            raise ValueError(f"launch: name must be a non-empty string or None; got {self.name!r}")
+        if not isinstance(self.detach, bool):
+            raise TypeError(f"launch: detach must be True or False; got {self.detach!r}")
+        for label, v in (("num_nodes", self.num_nodes), ("node_rank", self.node_rank)):
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise TypeError(f"launch: {label} must be an int; got {v!r}")
+        if self.num_nodes < 1:
+            raise ValueError(f"launch: num_nodes must be >= 1; got {self.num_nodes}")
+        if not 0 <= self.node_rank < self.num_nodes:
+            raise ValueError(f"launch: node_rank must be in [0, num_nodes-1] = "
+                             f"[0, {self.num_nodes - 1}]; got {self.node_rank}")
+        if self.rdzv_backend not in RDZV_BACKENDS:
+            raise ValueError(f"launch: rdzv_backend: got {self.rdzv_backend!r}; accepted: "
+                             f"{', '.join(map(repr, RDZV_BACKENDS))}")
+        if not isinstance(self.master_addr, str) or not self.master_addr:
+            raise ValueError(f"launch: master_addr must be a host name or address; got "
+                             f"{self.master_addr!r}")
+        p = self.port
+        if p is not None and (isinstance(p, bool) or not isinstance(p, int) or not 1 <= p <= 65535):
+            raise ValueError(f"launch: port must be an int in 1..65535 or None; got {p!r}")
+        if self.num_nodes > 1 and p is None:
+            raise ValueError("launch: port is required when num_nodes > 1 (every node must use the "
+                             "master's port); pick one on the master node, e.g. 29400")
+
+    def check_device(self, gpus: int) -> None:
+        """What this host's GPUs (NVML's count) allow."""
+        if self.device == "cuda" and self.num_processes is not None and self.num_processes > gpus:
+            raise ValueError(f"launch: num_processes={self.num_processes} but this host has {gpus} "
+                             "GPU(s) visible; use at most that many (one process per GPU)")
+        if self.device == "cpu" and self.mixed_precision == "fp16":
+            raise ValueError("launch: mixed_precision='fp16' needs a GPU (CPU autocast supports "
+                             "bf16); accepted here: 'no', 'bf16'")
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -93,11 +160,14 @@ class RankEntry:
         self.fn = fn
         self.run_dir = Path(run_dir)
         self.tempdir = tempdir  # the temp dir the user's code gets (see `_elastic_logs_in`)
+        self.supervisor_pid = os.getpid()
         self.__name__ = getattr(fn, "__name__", "train")  # elastic names the job after it
         self.__qualname__ = getattr(fn, "__qualname__", self.__name__)
 
     def __call__(self, *args: Any) -> None:
         rank = int(os.environ.get("RANK", "0"))
+        if os.getpid() != self.supervisor_pid:  # one rank runs in the supervisor itself
+            _die_with_parent(self.supervisor_pid)
         tempfile.tempdir = self.tempdir
         _redirect_output(self.run_dir / "logs" / f"rank{rank}.log")
         from ..stream import reporter as rep
@@ -160,12 +230,28 @@ def supervise(spec: Spec) -> None:
     status = "failed"
     run_dir = Path(spec.run_dir)
     note = ""
+    reason: str | None = None
+    recorder = None
     try:
         os.setpgid(0, 0)
+        _release_inherited_sockets()
         _redirect_output(run_dir / "logs" / "supervisor.log")
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_DFL)
-        os.environ.update({ev.ENV_RUN_ID: spec.run_id, ev.ENV_ADDRESS: spec.address,
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        for sig in (signal.SIGTERM, signal.SIGHUP):  # elastic replaces it while the ranks run
+            signal.signal(sig, _raise_stop)
+        from ..stream import recorder as rec
+
+        # The recorder is a process of its own: this one is a fork of the kernel, where SQLite
+        # must not be used (see gpu_lab.stream.recorder). A stop that arrives while it starts
+        # waits until it is up, so that it hears the end.
+        stops = {signal.SIGTERM, signal.SIGHUP}
+        signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+        try:
+            recorder, where = rec.spawn(spec.registry_path, spec.run_id,
+                                        str(run_dir / "logs" / "supervisor.log"))
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
+        os.environ.update({ev.ENV_RUN_ID: spec.run_id, ev.ENV_ADDRESS: where["address"],
                            ev.ENV_RUN_DIR: spec.run_dir, ev.ENV_DEVICE: spec.device})
         user_threads = spec.env.get("OMP_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS")
         os.environ.update(spec.env)
@@ -180,12 +266,11 @@ def supervise(spec: Spec) -> None:
         elif spec.device == "cpu" and spec.num_processes > 1 and not user_threads:
             # N ranks × all cores each would oversubscribe the CPU (torchrun does the same)
             os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // spec.num_processes))
-        from ..registry import Registry
-
-        reg = Registry(spec.registry_path)
-        reg.update(spec.run_id, status="running")
         print(f"gpu_lab supervisor pid={os.getpid()} run={spec.run_id} ranks={spec.num_processes} "
-              f"device={spec.device} port={spec.port}", flush=True)
+              f"device={spec.device} port={spec.port} detach={spec.detach}", flush=True)
+        watch = ParentWatch(os.getppid(), run_dir)
+        if not spec.detach:
+            watch.start()
 
         # SIGTERM from Run.stop(): become a SignalException inside the elastic agent, which then
         # terminates the workers; we record "stopped".
@@ -211,30 +296,38 @@ def supervise(spec: Spec) -> None:
                                   num_nodes=spec.num_nodes, rdzv_backend=spec.rdzv_backend)
             status, code = "succeeded", EXIT_OK
         except BaseException as exc:  # noqa: BLE001 - every outcome is recorded
+            _ignore_stop_signals()  # the bookkeeping below must not be cut short
+            watch.done.set()
             preempted = sorted(p.stem for p in (run_dir / "ranks").glob("*.preempted"))
-            if (run_dir / "control" / "stop").exists() or _is_signal(exc):
+            stop_file = run_dir / "control" / "stop"
+            if stop_file.exists() or _is_signal(exc):
                 status, code = "stopped", EXIT_STOPPED
+                reason = _read_reason(stop_file) or f"stopped by a signal ({type(exc).__name__})"
                 note = f"stopped ({type(exc).__name__})"
             elif preempted and not any((run_dir / "errors").glob("rank*.json")):
                 # SIGTERM/SIGUSR1 from a scheduler (spot reclaim, Slurm): checkpointed, resumable
                 status, code = "stopped", EXIT_STOPPED
-                note = f"preempted: {', '.join(preempted)} checkpointed and exited 143"
+                reason = note = f"preempted: {', '.join(preempted)} checkpointed and exited 143"
             else:
                 status, code = "failed", EXIT_FAILED
                 monitor.stop()
                 _record_child_failures(exc, run_dir, monitor.deaths)
                 note = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
                 print(note, file=sys.stderr)
-        write_atomic(run_dir / "status.json",
-                     json.dumps({"status": status, "code": code, "t": time.time(),
-                                 "note": note[-4000:]}).encode())
-        reg.set_status(spec.run_id, status, error=note[-4000:] if status == "failed" else None)
+        _ignore_stop_signals()
+        watch.done.set()
+        _record_end(run_dir, recorder, status, code, note, reason)
     except BaseException:  # noqa: BLE001 - the supervisor itself broke
         try:
+            _ignore_stop_signals()
             traceback.print_exc()
-            write_atomic(run_dir / "status.json", json.dumps(
-                {"status": "failed", "code": EXIT_FAILED, "t": time.time(),
-                 "note": traceback.format_exc()[-4000:]}).encode())
+            note = traceback.format_exc()[-4000:]
+            if isinstance(sys.exc_info()[1], _Stop):
+                status, code = "stopped", EXIT_STOPPED
+                reason = _read_reason(run_dir / "control" / "stop") or "stopped by a signal"
+            else:
+                status, code = "failed", EXIT_FAILED
+            _record_end(run_dir, recorder, status, code, note, reason)
         except BaseException:  # noqa: BLE001
             pass
     finally:
@@ -243,6 +336,100 @@ def supervise(spec: Spec) -> None:
             sys.stderr.flush()
         finally:
             os._exit(code)
+
+
+def _record_end(run_dir: Path, recorder: Any, status: str, code: int, note: str,
+                reason: str | None) -> None:
+    """The run's last word: status.json, then the recorder writes the final status event and the
+    registry row in one transaction, publishes the event, and exits."""
+    write_atomic(run_dir / "status.json",
+                 json.dumps({"status": status, "code": code, "t": time.time(), "reason": reason,
+                             "note": note[-4000:]}).encode())
+    if recorder is not None:
+        from ..stream.recorder import end
+
+        end(recorder, {"status": status, "exitcode": code, "reason": reason,
+                       "error": note[-4000:] if status == "failed" else None})
+
+
+def _raise_stop(signum: int, frame: Any) -> None:
+    raise _Stop(signum)
+
+
+def _ignore_stop_signals() -> None:
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def _read_reason(stop_file: Path) -> str | None:
+    try:
+        text = stop_file.read_text().strip()
+    except OSError:
+        return None
+    try:
+        float(text)  # an older stop request holds a time stamp, not a reason
+        return "stopped by the user"
+    except ValueError:
+        return text or None
+
+
+def _release_inherited_sockets() -> None:
+    """Let go of the sockets inherited from the kernel (its zmq ports, its server connections):
+    held here, they would keep the kernel's ports bound after it exits, and a restarted kernel,
+    which binds the same ports, would fail. Each is replaced by /dev/null rather than closed, so
+    the number stays taken and no leftover object can close an unrelated file by it later."""
+    fd_dir = "/proc/self/fd"
+    if not os.path.isdir(fd_dir):
+        return
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        for name in os.listdir(fd_dir):
+            fd = int(name)
+            if fd <= 2 or fd == null:
+                continue
+            try:
+                if stat.S_ISSOCK(os.fstat(fd).st_mode):
+                    os.dup2(null, fd)
+            except OSError:  # the listing's own descriptor, already closed
+                continue
+    finally:
+        os.close(null)
+
+
+def _die_with_parent(parent: int) -> None:
+    """Ask Linux to SIGTERM this rank when its supervisor dies (killed, say): the rank then
+    checkpoints and exits like a preempted one instead of training on, unwatched, forever."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the rank outlives a killed supervisor
+        return
+    if os.getppid() != parent:  # it died before the request took hold
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+class ParentWatch(threading.Thread):
+    """In a run launched with detach=False: when the launching kernel (or script) exits, however
+    it exits, stop the run the way Run.stop() does, with the reason recorded."""
+
+    REASON = "the launching kernel exited"
+
+    def __init__(self, parent: int, run_dir: Path, interval: float = 0.25) -> None:
+        super().__init__(name="gpu_lab-parent-watch", daemon=True)
+        self.parent, self.run_dir, self.interval = parent, run_dir, interval
+        self.done = threading.Event()  # the ranks have ended: nothing left to stop
+
+    def run(self) -> None:
+        while os.getppid() == self.parent:
+            if self.done.wait(self.interval):
+                return
+        control = self.run_dir / "control"
+        control.mkdir(parents=True, exist_ok=True)
+        write_atomic(control / "stop", self.REASON.encode())
+        print(f"gpu_lab supervisor: {self.REASON}; stopping the run", flush=True)
+        os.killpg(0, signal.SIGTERM)  # ranks checkpoint at the next step; the agent then returns
 
 
 def _is_signal(exc: BaseException) -> bool:

@@ -8,8 +8,10 @@ An event is a plain dict, JSON-serialisable, with these keys:
     t     float  wall time (time.time()) when the event was made
     step  int | None
     data  dict   kind-specific payload: for "metric", {name: float}; for "status", {"status": str,
-                 ...}; for "error", {"type", "message", "traceback", "category"}; for "log",
-                 {"text": str}; for "dropped", {"count": int}
+                 "reason": str, ...}; for "error", {"type", "message", "traceback", "category"};
+                 for "log", {"text": str}; for "dropped", {"count": int}
+    seq   int    given by the run's recorder when it writes the event to the registry: the
+                 event's position in the run's record (absent on the way from a rank)
 
 Events travel in batches (a JSON list) so that one send carries many reports.
 """
@@ -25,9 +27,14 @@ LOG = "log"
 DROPPED = "dropped"
 KINDS = (METRIC, STATUS, ERROR, LOG, DROPPED)
 
+# A run's status, as the registry keeps it and status events carry it.
+ACTIVE_STATUSES = ("pending", "running", "stopping")
+FINAL_STATUSES = ("succeeded", "failed", "stopped", "lost")
+STATUSES = ACTIVE_STATUSES + FINAL_STATUSES
+
 # Environment variables that a launch sets for its workers (and run_entry for headless runs).
 ENV_RUN_ID = "GPU_LAB_RUN_ID"
-ENV_ADDRESS = "GPU_LAB_EVENTS"       # zmq address the kernel's receiver listens on
+ENV_ADDRESS = "GPU_LAB_EVENTS"       # zmq address the run's recorder listens on
 ENV_RUN_DIR = "GPU_LAB_RUN_DIR"      # logs, result, control files of this run
 ENV_DEVICE = "GPU_LAB_DEVICE"        # "cuda" or "cpu": what gpu_lab.accelerator() should use
 

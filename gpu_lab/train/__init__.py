@@ -33,6 +33,7 @@ _API = {
     "latest_checkpoint": ".checkpoint",
     "list_checkpoints": ".checkpoint",
     "Schedule": ".schedules",
+    "ResumeMismatchError": ".resume",
 }
 
 __all__ = sorted(_API)

@@ -55,12 +55,48 @@ def is_per_rank(data: Any) -> bool:
             and callable(getattr(data, "set_epoch", None)))
 
 
+class SeededSamples:
+    """A map-style dataset whose sample i makes its random draws (augmentation) from torch's RNG
+    seeded by (seed, epoch, i), and leaves the caller's RNG as it found it.
+
+    So the same image gets the same crop in a resumed run as in the original, whatever the workers
+    do: accelerate reads one batch ahead, and a worker's RNG depends on when its iterator was
+    made, so augmentation drawn from a running RNG stream cannot be resumed exactly."""
+
+    def __init__(self, dataset: Any, seed: int) -> None:
+        self.dataset, self.seed, self.epoch = dataset, int(seed), 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        import torch
+
+        g = torch.default_generator
+        saved = g.get_state()  # a 5 kB copy: ~2 µs per sample with the seeding below
+        g.manual_seed(hash((self.seed, self.epoch, int(index))) & 0x7FFF_FFFF_FFFF_FFFF)
+        try:
+            return self.dataset[index]
+        finally:
+            g.set_state(saved)
+
+    def __getattr__(self, name: str) -> Any:  # classes, targets, ... of the wrapped dataset
+        if name == "dataset":  # not set yet (unpickling in a worker)
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+
 def make_loader(data: Any, batch_size: int, *, shuffle: bool, num_workers: int, seed: int,
                 pin_memory: bool = False):
     """A DataLoader over `data` (returned unchanged if it already is one).
 
     The loader gets its own torch.Generator, so drawing the workers' base seed at each epoch never
-    touches the global RNG that dropout uses: a resumed run draws exactly what the original did.
+    touches the global RNG that dropout uses, and a shuffled (training) dataset draws each sample's
+    augmentation from a seed of its own (`SeededSamples`): a resumed run draws exactly what the
+    original did.
     """
     import torch
     from torch.utils.data import DataLoader, IterableDataset
@@ -74,6 +110,8 @@ def make_loader(data: Any, batch_size: int, *, shuffle: bool, num_workers: int, 
                         "IterableDataset or a DataLoader")
     gen = torch.Generator()
     gen.manual_seed(int(seed))
+    if shuffle:
+        data = SeededSamples(data, seed)
     kw: dict[str, Any] = {}
     if num_workers > 0:
         kw.update(worker_init_fn=ignore_stop_signals, persistent_workers=False, prefetch_factor=4)
@@ -94,5 +132,5 @@ def steps_per_epoch(micro_batches: int | None, accum: int) -> int | None:
     return None if micro_batches is None else math.ceil(micro_batches / accum)
 
 
-__all__ = ["split_batch", "make_loader", "ignore_stop_signals", "micro_batches_per_epoch",
+__all__ = ["split_batch", "make_loader", "SeededSamples", "ignore_stop_signals", "micro_batches_per_epoch",
            "steps_per_epoch", "is_loader", "is_per_rank"]

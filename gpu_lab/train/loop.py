@@ -20,11 +20,12 @@ from typing import Any, Callable, Iterable
 from ..stream import get_reporter, report
 from . import activation, oom
 from .callbacks import REQUESTS, Callback, CallbackList, TrainState
-from .checkpoint import checkpoint_dir, latest_checkpoint
+from .checkpoint import CheckpointError, checkpoint_dir, latest_checkpoint
 from .data import is_per_rank, make_loader, micro_batches_per_epoch, split_batch, steps_per_epoch
 from .guards import NonFiniteLossError, Preempted, PreemptionGuard, default_guards
 from .optim import build_optimizer
 from .profiling import ProfilerWindow
+from .resume import check_compatible, find_checkpoint
 from .schedules import Schedule, build_scheduler
 from .state import load_training_state, save_training_state, set_rng_state
 from .validate import validate
@@ -195,25 +196,36 @@ def _fit(acc, model, train_data, cfg, eval_data, callbacks, loss_fn, guards, out
     cbs = CallbackList([*extra, *callbacks])
 
     # --- resume ------------------------------------------------------------------------------------
+    # On purpose (resume_from, set by launch(..., resume=...)), or from this output folder's newest
+    # complete checkpoint (resume: what a requeued batch job needs). Either way the checkpoint's
+    # config must fit this one, checked before anything is loaded.
     resumed_from = None
-    if cfg.resume:
-        info = _agreed_latest(acc, checkpoint_dir(out_dir))
-        if info is not None:
-            restored = load_training_state(acc, model, optimizer, scheduler, info)
-            state.step = int(restored["step"])
-            state.epoch = int(restored["epoch"])
-            state.samples_seen = int(restored.get("samples_seen", 0))
-            # the position is counted in micro-batches of the saved run's size
-            saved_micro = int(restored.get("micro_batch_size", run.micro))
-            state.batch_in_epoch = int(restored["batch_in_epoch"]) * saved_micro // run.micro
-            run.boundary_batch = state.batch_in_epoch
-            run.pending_rng = restored["rng"]
-            run.last_saved_step = state.step
-            state.last_checkpoint = info.path
-            state.lr = _follow_config_schedule(scheduler, cfg, total_steps)
-            resumed_from = str(info.path)
-            if acc.is_main_process:
-                get_reporter().log(f"resumed from {info.path} at step {state.step}")
+    if cfg.resume_from:
+        info = _agreed_checkpoint(acc, lambda: find_checkpoint(cfg.resume_from))
+    elif cfg.resume:
+        info = _agreed_checkpoint(acc, lambda: latest_checkpoint(checkpoint_dir(out_dir)))
+    else:
+        info = None
+    if info is not None:
+        check_compatible(info, cfg)
+        restored = load_training_state(acc, model, optimizer, scheduler, info)
+        state.step = int(restored["step"])
+        state.epoch = int(restored["epoch"])
+        state.samples_seen = int(restored.get("samples_seen", 0))
+        # the position is counted in micro-batches of the saved run's size
+        saved_micro = int(restored.get("micro_batch_size", run.micro))
+        state.batch_in_epoch = int(restored["batch_in_epoch"]) * saved_micro // run.micro
+        run.boundary_batch = state.batch_in_epoch
+        run.pending_rng = restored["rng"]
+        run.last_saved_step = state.step if Path(info.path).parent == checkpoint_dir(out_dir) \
+            else -1  # a checkpoint in another run's folder: this run saves its own at the end
+        state.last_checkpoint = info.path
+        state.lr = _follow_config_schedule(scheduler, cfg, total_steps)
+        resumed_from = str(info.path)
+        if acc.is_main_process:
+            line = f"resuming from step {state.step} ({info.path})"
+            print(line, flush=True)  # the terminal of a headless job, the rank's log under launch
+            get_reporter().log(line)
 
     if cfg.tensorboard:
         acc.init_trackers(os.environ.get("GPU_LAB_RUN_ID") or "run", config=_hparams(cfg))
@@ -450,15 +462,23 @@ def _agree(acc, requests: set) -> set:
     return {r for r, f in zip(REQUESTS, flags.tolist()) if f}
 
 
-def _agreed_latest(acc, root: Path):
-    """Rank 0 picks the newest complete checkpoint; every rank gets the same answer."""
-    info = latest_checkpoint(root) if acc.is_main_process else None
+def _agreed_checkpoint(acc, find: Callable):
+    """Rank 0 finds the checkpoint (`find()`: a CheckpointInfo or None); every rank gets the same
+    answer, or the same error."""
     if acc.num_processes == 1:
-        return info
+        return find()
     import torch.distributed as dist
 
-    box = [str(info.path) if info is not None else None]
+    info, box = None, [None]
+    if acc.is_main_process:
+        try:
+            info = find()
+            box = [str(info.path) if info is not None else None]
+        except Exception as e:  # noqa: BLE001 - handed to every rank, raised everywhere
+            box = [f"!{type(e).__name__}: {e}"]
     dist.broadcast_object_list(box, src=0)
+    if isinstance(box[0], str) and box[0].startswith("!"):
+        raise CheckpointError(box[0][1:])
     if box[0] is None:
         return None
     if info is None:

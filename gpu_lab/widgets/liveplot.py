@@ -15,12 +15,12 @@ from typing import Any, Callable, Iterable, Sequence
 import ipywidgets as W
 
 from ..stream import events as ev
+from ..stream.events import FINAL_STATUSES
 from ..stream.history import MetricHistory
 from .throttle import MAX_HZ, Flusher
 
 LOSS = "loss"
 MEAN = -1  # the "rank" of the mean-of-ranks trace
-FINAL_STATUSES = ("succeeded", "failed", "stopped", "lost")
 
 #: The small panels under the loss plot: key, title, the metric names that feed it (first found
 #: wins), and whether one trace per rank is drawn (False: the lowest rank only, e.g. the lr).

@@ -13,9 +13,9 @@ from typing import Any, Callable
 import ipywidgets as W
 
 from ..stream import events as ev
+from ..stream.events import FINAL_STATUSES
 from .throttle import Flusher
 
-FINAL_STATUSES = ("succeeded", "failed", "stopped", "lost")
 STATUS_COLORS = {"pending": "#555", "running": "#1a7f37", "stopping": "#9a6700",
                  "succeeded": "#0969da", "failed": "#b00", "stopped": "#9a6700", "lost": "#b00"}
 

@@ -1,0 +1,268 @@
+"""The run's recorder: receives every rank's events, writes them to the registry, republishes them.
+
+A launched run's recorder is a process of its own, started by the supervisor (`spawn`): the
+supervisor is a fork of the kernel, and SQLite's state does not survive a fork (a forked child that
+opens the kernel's database gets "disk I/O error", or loses writes), so only a freshly executed
+process writes the registry. The supervisor tells it the run's end over its stdin; when stdin
+closes without an end (the supervisor was killed), it records the run as lost. In a headless job
+each rank runs a Recorder thread of its own (fresh processes, no fork from a kernel).
+
+The ranks' Reporters push batches to its PULL socket; every `interval`
+seconds it writes what arrived to the registry in one transaction (which numbers the events) and
+then publishes the numbered events on its PUB socket, topic = run id. So anything a subscriber
+sees live is already durable, and a subscriber that missed some (it connected late, or fell behind
+the PUB socket's high-water mark) reads the gap back from the registry by sequence number.
+
+Memory is bounded: at most `max_pending` events wait for the database. When the database is slow
+the recorder stops draining its socket; zmq's queues fill, and the Reporters' non-blocking sends
+fail and are counted as dropped by the rank that made them (reported as a `dropped` event). A rank
+never waits for the recorder.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+from . import events as ev
+
+log = logging.getLogger(__name__)
+
+
+class Recorder:
+    def __init__(self, registry: Any, run_id: str, *, publish: bool = True,
+                 interval: float = 0.1, max_pending: int = 200_000) -> None:
+        import zmq
+
+        self.registry = registry
+        self.run_id = run_id
+        self.interval = interval
+        self.max_pending = max_pending
+        self._zmq = zmq
+        self._ctx = zmq.Context()
+        self._pull = self._ctx.socket(zmq.PULL)
+        self._pull.setsockopt(zmq.RCVHWM, 1000)
+        self._pull.setsockopt(zmq.LINGER, 0)
+        self.address = f"tcp://127.0.0.1:{self._pull.bind_to_random_port('tcp://127.0.0.1')}"
+        self._pub = None
+        self.publish_address: str | None = None
+        if publish:
+            self._pub = self._ctx.socket(zmq.PUB)
+            self._pub.setsockopt(zmq.SNDHWM, 10_000)  # a slow subscriber misses, then reads back
+            self._pub.setsockopt(zmq.LINGER, 0)
+            port = self._pub.bind_to_random_port("tcp://127.0.0.1")
+            self.publish_address = f"tcp://127.0.0.1:{port}"
+        self._pending: list[dict] = []
+        self._end: dict | None = None  # the run's final status, written with the last events
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._flushed = threading.Condition(self._lock)
+        self.received = 0      # events taken from the socket or given to record()
+        self.written = 0       # events in the registry
+        self.published = 0
+        self.write_errors = 0
+        self.last_seq = 0
+        self.peak_pending = 0
+        self._thread = threading.Thread(target=self._run, name="gpu_lab-recorder", daemon=True)
+        self._thread.start()
+
+    # --- input -----------------------------------------------------------------------------------
+    def record(self, events: list[dict]) -> None:
+        """Add events made in this process (the supervisor's status changes)."""
+        with self._lock:
+            self._pending.extend(events)
+            self.received += len(events)
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until everything received so far is written and published."""
+        deadline = time.monotonic() + timeout
+        with self._flushed:
+            target = self.received
+            return self._flushed.wait_for(
+                lambda: self.written >= target or self._stop.is_set() and not self._pending,
+                max(0.0, deadline - time.monotonic()))
+
+    # --- the thread --------------------------------------------------------------------------------
+    def _run(self) -> None:
+        zmq = self._zmq
+        poller = zmq.Poller()
+        poller.register(self._pull, zmq.POLLIN)
+        next_write = time.monotonic() + self.interval
+        while True:
+            stopping = self._stop.is_set()
+            wait = max(0.0, next_write - time.monotonic())
+            room = len(self._pending) < self.max_pending
+            if room and not stopping:
+                ready = dict(poller.poll(int(wait * 1000)))
+                if self._pull in ready:
+                    self._drain()
+            elif not stopping:
+                time.sleep(min(wait, 0.01))  # full: let the socket's queue hold (and drop) the rest
+            if stopping:
+                self._drain(bounded=False)  # the end: take everything that arrived
+            if time.monotonic() >= next_write or stopping:
+                end, self._end = (self._end, None) if stopping else (None, self._end)
+                ok = self._write(end=end)
+                next_write = time.monotonic() + self.interval
+                if stopping and not ok:  # the database refuses: what is left stays counted
+                    break
+            if stopping and not self._pending:
+                break
+
+    def _drain(self, bounded: bool = True) -> int:
+        """Take batches from the socket until it is empty or (bounded) `max_pending` events wait:
+        a batch holds at most 2,000 events (the Reporter's), so that is the most over the bound."""
+        zmq = self._zmq
+        got = 0
+        while not bounded or len(self._pending) < self.max_pending:
+            try:
+                raw = self._pull.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            try:
+                events = ev.decode(raw)
+            except ValueError:
+                log.warning("gpu_lab recorder: an undecodable batch from a rank was ignored")
+                continue
+            with self._lock:
+                self._pending.extend(events)
+                self.received += len(events)
+                self.peak_pending = max(self.peak_pending, len(self._pending))
+            got += len(events)
+        return got
+
+    def _write(self, end: dict | None = None) -> bool:
+        with self._lock:
+            batch, self._pending = self._pending, []
+        if end is not None:  # the run's last event; the row ends in the same transaction
+            batch.append(ev.make(self.run_id, -1, ev.STATUS, end))
+        if not batch:
+            with self._flushed:
+                self._flushed.notify_all()
+            return True
+        try:
+            seqs = self.registry.add_events(self.run_id, batch, end=end)
+        except Exception as exc:  # noqa: BLE001 - a locked or full database must not stop the run
+            self.write_errors += 1
+            log.warning("gpu_lab recorder: %d events not yet written (%s); retrying", len(batch), exc)
+            with self._lock:
+                self._pending[:0] = batch[:-1] if end is not None else batch  # retried in order
+            return False
+        for e, s in zip(batch, seqs):
+            e["seq"] = s
+            e["run"] = self.run_id
+        self.last_seq = seqs[-1]
+        if self._pub is not None:
+            try:
+                self._pub.send_multipart([self.run_id.encode(), ev.encode(batch)],
+                                         self._zmq.NOBLOCK)
+                self.published += len(batch)
+            except self._zmq.Again:  # subscribers read it back from the registry
+                pass
+        with self._flushed:
+            self.written += len(batch)
+            self._flushed.notify_all()
+        return True
+
+    def close(self, end: dict | None = None, quiet: float = 0.2, timeout: float = 10.0) -> None:
+        """Take what the ranks still send (until `quiet` s pass without a message), write and
+        publish everything, and close the sockets. `end` ({"status", "reason", "exitcode",
+        "error"}) ends the run: the final status event and the row, in one transaction."""
+        deadline = time.monotonic() + timeout
+        seen, last_change = self.received, time.monotonic()
+        while time.monotonic() < deadline and time.monotonic() - last_change < quiet:
+            time.sleep(0.02)
+            if self.received != seen:
+                seen, last_change = self.received, time.monotonic()
+        self._end = end
+        self._stop.set()
+        self._thread.join(max(0.0, deadline - time.monotonic()))
+        for s in (self._pull, self._pub):
+            if s is not None:
+                s.close(0)
+        self._ctx.term()
+
+    def __repr__(self) -> str:
+        return (f"Recorder(run={self.run_id!r}, received={self.received}, written={self.written}, "
+                f"pending={len(self._pending)}, write_errors={self.write_errors})")
+
+
+# --- the recorder process of a launched run ---------------------------------------------------------
+LOST = "its supervisor process ended without recording a final status"
+
+
+def spawn(registry_path: str, run_id: str, log_path: str) -> tuple[Any, dict]:
+    """Start the recorder process of a launched run; returns (Popen, its addresses). Called by the
+    supervisor: `end(proc, status)` tells it the run's end."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[2])  # gpu_lab's parent: importable from a clone
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(
+        os.pathsep) if p])
+    with open(log_path, "ab") as log_file:
+        proc = subprocess.Popen([sys.executable, "-m", "gpu_lab.stream.recorder", registry_path,
+                                 run_id], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=log_file, env=env)
+    line = proc.stdout.readline()
+    if not line:
+        proc.wait(10)
+        raise RuntimeError(f"the run's recorder did not start (exit code {proc.returncode}); "
+                           f"see {log_path}")
+    return proc, json.loads(line)
+
+
+def end(proc: Any, status: dict, timeout: float = 30.0) -> int | None:
+    """Hand the recorder process the run's final status and wait until it has written it."""
+    try:
+        proc.stdin.write((json.dumps({"end": status}) + "\n").encode())
+        proc.stdin.close()
+    except OSError:  # it is gone already
+        pass
+    try:
+        return proc.wait(timeout)
+    except Exception:  # noqa: BLE001 - stuck: the run's end is still in status.json
+        proc.kill()
+        return None
+
+
+def serve(registry_path: str, run_id: str) -> int:
+    """The recorder process: bind, say where, record until the supervisor says the run ended."""
+    import signal
+    import sys
+
+    from ..registry import Registry
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # a stop is for the ranks: the
+        signal.signal(sig, signal.SIG_IGN)                      # record must outlive them
+    reg = Registry(registry_path)
+    rec = Recorder(reg, run_id)
+    reg.update(run_id, status="running", events_address=rec.publish_address)
+    rec.record([ev.make(run_id, -1, ev.STATUS, {"status": "running"})])
+    sys.stdout.write(json.dumps({"address": rec.address, "publish": rec.publish_address}) + "\n")
+    sys.stdout.flush()
+    final = None
+    for line in sys.stdin:  # until the supervisor closes it, or dies
+        try:
+            final = json.loads(line).get("end") or final
+        except ValueError:
+            continue
+    if final is None:
+        final = {"status": "lost", "reason": LOST}
+    rec.close(end=final)
+    lost = rec.received - rec.written
+    if lost:
+        print(f"gpu_lab recorder: {lost} event(s) of run {run_id} could not be written to "
+              f"{registry_path}", file=sys.stderr, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(serve(sys.argv[1], sys.argv[2]))
