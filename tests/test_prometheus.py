@@ -61,9 +61,11 @@ def stack(tmp_path_factory):
     with jupyter_lab(tmp, tmp / "root", env=env, name="prometheus-lab") as lab:
         os.environ["GPU_LAB_HOME"] = str(lab.gpu_lab_home)  # the run goes where the server reads
         try:
-            run = gpu_lab.launch(prometheus_fns.report_until_stopped, num_processes=2,
+            # 2 gloo ranks on CPU; on a GPU host one rank per GPU, at most 2
+            ranks = 2 if gpu_count() != 1 else 1
+            run = gpu_lab.launch(prometheus_fns.report_until_stopped, num_processes=ranks,
                                  name="prom-scrape")
-            assert run.wait_for_step(3, rank=1, timeout=APPEAR), run.logs(None)
+            assert run.wait_for_step(3, rank=ranks - 1, timeout=APPEAR), run.logs(None)
             procs = tree(run.pid)
             token = tmp / "token"
             token.write_text(lab.token)
