@@ -1,7 +1,7 @@
 # gpu_lab — two commands for a fresh machine:
 #   make lab    install into .venv and start JupyterLab on the tutorials, extension enabled
-#   make test   install into .venv (and Debian's Chromium and Slurm for the browser and export tests)
-#               and run every test
+#   make test   install into .venv (and Debian's Chromium, Slurm and Prometheus for the browser,
+#               export and metrics tests) and run every test
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -11,7 +11,7 @@ STAMP := $(VENV)/.stamp-install
 LAB_PORT ?= 8888
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
-.PHONY: lab test install chromium slurm clean bench
+.PHONY: lab test install chromium slurm prometheus clean bench
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -47,11 +47,19 @@ slurm:
 	  else sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(SLURM_PKGS) >/dev/null; fi; \
 	fi
 
+# Debian's Prometheus server: the metrics test runs a private one on loopback that scrapes a real
+# Jupyter server's /gpu-lab/metrics with the server's token (tests/test_prometheus.py).
+prometheus:
+	@if ! command -v prometheus >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
+	  else sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; fi; \
+	fi
+
 lab: install
 	$(VENV)/bin/jupyter lab --ip=127.0.0.1 --port=$(LAB_PORT) --notebook-dir=notebooks \
 	  --ServerApp.default_url=/lab/tree/00_overview.ipynb $(ROOT_FLAG)
 
-test: install chromium slurm
+test: install chromium slurm prometheus
 	GPU_LAB_QUICK=1 PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(PY) -m pytest -p no:cacheprovider tests notebooks \
 	  --nbval-lax --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg
 

@@ -227,7 +227,7 @@ def test_cli_export_writes_every_target(tmp_path, capsys, monkeypatch):
     assert "# slurm: sbatch train.sbatch" in printed
     files = sorted(p.name for p in (tmp_path / "job").iterdir())
     assert files == ["accelerate_config.yaml", "config.json", "configmap.yaml", "pytorchjob.yaml",
-                     "train.sbatch"]
+                     "train.sbatch", "trainjob.yaml"]
     assert json.loads((tmp_path / "job" / "config.json").read_text())["max_steps"] == 7
     rc = main(["export", "torchrun", "--entry", "nope_not_here:train"])
     err = capsys.readouterr().err
@@ -242,4 +242,4 @@ def test_exporting_imports_no_torch_and_no_widgets():
     env = dict(os.environ, PYTHONPATH=str(TESTS))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                          timeout=60)
-    assert out.stdout.strip() == "4 []", out.stdout + out.stderr
+    assert out.stdout.strip() == "5 []", out.stdout + out.stderr

@@ -309,3 +309,134 @@ def test_prometheus_exposition_real_gpus(jp_fetch, run_loop, sampler):
     assert len(total) == gpu_count() and all(x.value > 0 for x in total)
     util = fams["gpu_lab_gpu_utilization_percent"].samples
     assert all(0 <= x.value <= 100 for x in util)
+    # the same boards under DCGM-exporter's names, in DCGM's units (MiB, W, MHz); DCGM's `gpu`
+    # label is the NVML index, gpu_lab's the CUDA one, so compare totals
+    fb_total = _by_gpu(fams, "DCGM_FI_DEV_FB_TOTAL")
+    assert len(fb_total) == gpu_count()
+    assert sum(v.value for v in fb_total.values()) == pytest.approx(
+        sum(x.value for x in total) / 1024**2)
+    for x in fb_total.values():
+        assert x.labels["UUID"].startswith(("GPU-", "MIG-")), x.labels
+        assert x.labels["device"] == f"nvidia{x.labels['gpu']}" and x.labels["modelName"]
+    assert all(0 <= x.value <= 100 for x in fams["DCGM_FI_DEV_GPU_UTIL"].samples)
+    assert all(0 < x.value < 2000 for x in fams["DCGM_FI_DEV_POWER_USAGE"].samples)
+    assert all(0 < x.value < 5000 for x in fams["DCGM_FI_DEV_SM_CLOCK"].samples)
+
+
+# --- prometheus: DCGM-exporter names, per-run training series, the family switches --------------
+@pytest.fixture
+def fake_gpus(monkeypatch, gpu_lab_home):
+    """The server's sampler fed by FakeNVML (a named double: no GPU on CI), two boards, the second
+    without a fan sensor or ECC (a value NVML does not give must be left out, not sent as 0)."""
+    from gpu_lab.telemetry.doubles import FakeGPU
+
+    boards = [FakeGPU(uuid="GPU-aaaaaaaa-0000-0000-0000-000000000000"),
+              FakeGPU(uuid="GPU-bbbbbbbb-0000-0000-0000-000000000001", name="Fake A100 \"SXM\"",
+                      mem_used=1024**3, unsupported={"nvmlDeviceGetFanSpeed",
+                                                     "nvmlDeviceGetTotalEccErrors"})]
+    s = Sampler(interval=0.25, gpu=NVMLSampler(nvml=FakeNVML(boards), visible=None))
+    monkeypatch.setattr(sampler_mod, "_sampler", s)
+    monkeypatch.setattr(sampler_mod, "_sampler_pid", os.getpid())
+    yield s
+    s.close()
+
+
+def _by_gpu(fams: dict, name: str) -> dict:
+    return {x.labels["gpu"]: x for x in fams[name].samples}
+
+
+def test_prometheus_dcgm_names_units_and_labels(jp_fetch, run_loop, fake_gpus):
+    import socket
+
+    from gpu_lab.server import dcgm
+
+    body = run_loop(jp_fetch("gpu-lab", "metrics")).body
+    fams = _families(body)
+    util = _by_gpu(fams, "DCGM_FI_DEV_GPU_UTIL")
+    assert set(util) == {"0", "1"}
+    g0, g1 = util["0"].labels, util["1"].labels
+    assert g0 == {"gpu": "0", "UUID": "GPU-aaaaaaaa-0000-0000-0000-000000000000",
+                  "device": "nvidia0", "modelName": "Fake H100 80GB HBM3",
+                  "Hostname": socket.gethostname()}
+    assert g1["modelName"] == 'Fake A100 "SXM"'  # escaped on the wire, intact after parsing
+    assert util["0"].value == 85
+    # DCGM's units: MiB, W, MHz, C (gpu_lab's own series stay in bytes and hertz)
+    assert _by_gpu(fams, "DCGM_FI_DEV_FB_USED")["0"].value == 20 * 1024
+    assert _by_gpu(fams, "DCGM_FI_DEV_FB_USED")["1"].value == 1024
+    assert _by_gpu(fams, "DCGM_FI_DEV_FB_FREE")["0"].value == 60 * 1024
+    assert _by_gpu(fams, "DCGM_FI_DEV_FB_TOTAL")["0"].value == 80 * 1024
+    assert _by_gpu(fams, "DCGM_FI_DEV_POWER_USAGE")["0"].value == 350.0
+    assert _by_gpu(fams, "DCGM_FI_DEV_GPU_TEMP")["0"].value == 61
+    assert _by_gpu(fams, "DCGM_FI_DEV_SM_CLOCK")["0"].value == 1755
+    assert _by_gpu(fams, "DCGM_FI_DEV_MEM_CLOCK")["0"].value == 2619
+    assert _by_gpu(fams, "DCGM_FI_DEV_CLOCKS_EVENT_REASONS")["0"].value == 0x4
+    assert _by_gpu(fams, "gpu_lab_gpu_memory_used_bytes")["0"].value == 20 * 1024**3
+    assert _by_gpu(fams, "gpu_lab_gpu_sm_clock_hertz")["0"].value == 1755e6
+    # what board 1 lacks is absent rather than 0
+    assert set(_by_gpu(fams, "DCGM_FI_DEV_FAN_SPEED")) == {"0"}
+    # every DCGM family is declared with dcgm-exporter's type; counters keep DCGM's own names
+    text = body.decode()
+    for name, kind, _, _ in dcgm.FIELDS:
+        assert f"# TYPE {name} {kind}\n" in text, name
+    assert "\nDCGM_FI_DEV_ECC_SBE_VOL_TOTAL{" in text and "_TOTAL_total" not in text
+
+
+def _metric_names(body: bytes) -> set[str]:
+    return {ln.split()[2] for ln in body.decode().splitlines() if ln.startswith("# TYPE ")}
+
+
+_ONLY_GPU_LAB = {"jpserver_extensions": {"gpu_lab": True, "jupyter_server_terminals": False}}
+
+
+@pytest.mark.parametrize("jp_server_config, gone, kept", [
+    ({"ServerApp": _ONLY_GPU_LAB, "GpuLabServer": {"dcgm_metrics": False}},
+     "DCGM_FI_DEV_", "gpu_lab_gpu_"),
+    ({"ServerApp": _ONLY_GPU_LAB, "GpuLabServer": {"gpu_lab_metrics": False}},
+     "gpu_lab_gpu_", "DCGM_FI_DEV_"),
+    ({"ServerApp": _ONLY_GPU_LAB, "GpuLabServer": {"run_metrics": False}},
+     "gpu_lab_run", "gpu_lab_host_"),
+], ids=["dcgm-off", "gpu_lab-off", "runs-off"])
+def test_prometheus_families_switch_off_in_the_server_config(jp_server_config, gone, kept,
+                                                             jp_fetch, run_loop, fake_gpus,
+                                                             live_run):
+    names = _metric_names(run_loop(jp_fetch("gpu-lab", "metrics")).body)
+    assert not [n for n in names if n.startswith(gone)], names
+    assert [n for n in names if n.startswith(kept)], names
+
+
+@pytest.mark.parametrize("jp_argv", [["--GpuLabServer.dcgm_metrics=False",
+                                      "--GpuLabServer.gpu_lab_metrics=False"]])
+def test_prometheus_families_switch_off_on_the_command_line(jp_argv, jp_fetch, run_loop,
+                                                            fake_gpus, live_run):
+    names = _metric_names(run_loop(jp_fetch("gpu-lab", "metrics")).body)
+    assert not [n for n in names if n.startswith(("DCGM_", "gpu_lab_gpu", "gpu_lab_host"))], names
+    assert "gpu_lab_run_last_loss" in names
+    # with both telemetry families off, a scrape costs no NVML call at all
+    assert fake_gpus.stats["nvml_calls"] == 0
+
+
+def test_prometheus_training_series_of_active_runs(jp_fetch, run_loop, sampler, live_run,
+                                                   gpu_lab_home):
+    run_id, _ = live_run
+    reg = Registry()
+    # what gpu_lab.train.fit logs every log_every steps, on both ranks
+    t = time.time()
+    reg.add_metrics([(run_id, rank, 60, t + 1, k, v) for rank in (0, 1) for k, v in
+                     (("samples_per_s", 512.0), ("step_time", 0.25), ("data_wait", 0.05),
+                      ("lr", 3e-4))])
+    done = f"done-{uuid.uuid4().hex[:6]}"
+    reg.create_run(done, name="finished", num_processes=1, status="succeeded")
+    reg.add_metrics([(done, 0, 9, t, k, v) for k, v in (("loss", 0.5), ("samples_per_s", 99.0))])
+    fams = _families(run_loop(jp_fetch("gpu-lab", "metrics")).body)
+
+    def series(name):
+        return {x.labels["run_id"]: x.value for x in fams[name].samples}
+
+    assert series("gpu_lab_run_samples_per_second") == {run_id: 512.0}  # active runs only
+    assert series("gpu_lab_run_data_wait_ratio") == {run_id: pytest.approx(0.2)}
+    assert series("gpu_lab_run_learning_rate") == {run_id: pytest.approx(3e-4)}
+    assert series("gpu_lab_run_step_seconds") == {run_id: 0.25}
+    assert series("gpu_lab_run_last_step")[run_id] == 60
+    assert series("gpu_lab_run_last_loss") == {run_id: pytest.approx(2.0 / 50), done: 0.5}
+    info = {x.labels["run_id"]: x.labels for x in fams["gpu_lab_run_info"].samples}
+    assert info[done]["status"] == "succeeded" and info[run_id]["name"] == "server-test"

@@ -9,7 +9,9 @@
 
 Targets: torchrun (one node, or several with a c10d rendezvous), accelerate (launch command +
 config YAML), slurm (sbatch script: srun, SIGUSR1 before the time limit, requeue on exit 143),
-kubernetes (Kubeflow PyTorchJob + ConfigMap). Every rank of every target runs
+kubernetes (Kubeflow training-operator v1 PyTorchJob + ConfigMap), trainjob (Kubeflow Trainer v2
+TrainJob + ConfigMap, optionally a ClusterTrainingRuntime). `gpu_lab.export.grafana` writes a
+Grafana dashboard for the server's Prometheus metrics. Every rank of every target runs
 `python -m gpu_lab.run_entry`, which records the run in the registry. Nothing here imports torch,
 widgets or jupyter.
 """
@@ -25,12 +27,14 @@ from .job import Export, JobSpec, k8s_name, shell_join
 from .kubernetes import configmap_yaml, kubernetes, pytorchjob_yaml
 from .slurm import sbatch_script, slurm
 from .torchrun import torchrun, torchrun_argv
+from .trainjob import runtime_manifest, trainjob, trainjob_manifest
 
 EXPORTERS: dict[str, Callable[[JobSpec], Export]] = {
     "torchrun": torchrun,
     "accelerate": accelerate_launch,
     "slurm": slurm,
     "kubernetes": kubernetes,
+    "trainjob": trainjob,
 }
 TARGETS = tuple(EXPORTERS)
 
@@ -41,7 +45,8 @@ def export(config: TrainConfig | dict | None, entry: str | Callable, target: str
 
     target: one of TARGETS, or "all" (a dict target -> Export). `job`: the JobSpec fields
     (num_nodes, nproc_per_node, name, device, master_addr, port, rdzv_backend, image, shm_size,
-    time_limit, partition, account, cpus_per_task, env, config_path, check_import, ...).
+    time_limit, partition, account, cpus_per_task, env, config_path, runtime, define_runtime,
+    check_import, ...).
     With out_dir, every file (config.json included) is written there. All input is checked
     before anything is written.
     """
@@ -59,5 +64,6 @@ def export(config: TrainConfig | dict | None, entry: str | Callable, target: str
 
 __all__ = ["export", "Export", "JobSpec", "EntryError", "TARGETS", "EXPORTERS", "torchrun",
            "accelerate_launch", "slurm", "kubernetes", "torchrun_argv", "accelerate_config_yaml",
-           "sbatch_script", "pytorchjob_yaml", "configmap_yaml", "parse_entry", "resolve_entry",
+           "sbatch_script", "pytorchjob_yaml", "configmap_yaml", "trainjob", "trainjob_manifest",
+           "runtime_manifest", "parse_entry", "resolve_entry",
            "entry_of", "k8s_name", "shell_join"]

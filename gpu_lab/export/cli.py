@@ -1,23 +1,30 @@
-"""`gpu-lab export TARGET --entry MODULE:FUNCTION [--config cfg.json] [--out DIR] ...`."""
+"""`gpu-lab export TARGET --entry MODULE:FUNCTION [--config cfg.json] [--out DIR] ...`, and
+`gpu-lab export grafana [--out DIR]` (a dashboard, no training function)."""
 from __future__ import annotations
 
 import argparse
 import os
 import sys
 
-TARGET_CHOICES = ("torchrun", "accelerate", "slurm", "kubernetes", "all")
+JOB_TARGETS = ("torchrun", "accelerate", "slurm", "kubernetes", "trainjob", "all")
+TARGET_CHOICES = (*JOB_TARGETS, "grafana")
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
-        "export", help="torchrun / accelerate / Slurm / Kubernetes files for a training function",
+        "export", help="torchrun / accelerate / Slurm / Kubeflow files for a training function; "
+                       "a Grafana dashboard",
         description="Write what a cluster needs to run MODULE:FUNCTION with a TrainConfig: a "
                     "torchrun or accelerate launch command, a Slurm sbatch script (SIGUSR1 before "
-                    "the time limit, requeue on exit 143), or a Kubeflow PyTorchJob. Every rank "
-                    "runs `python -m gpu_lab.run_entry`, which records the run in the registry.")
+                    "the time limit, requeue on exit 143), a Kubeflow training-operator v1 "
+                    "PyTorchJob (kubernetes) or a Kubeflow Trainer v2 TrainJob (trainjob). Every "
+                    "rank runs `python -m gpu_lab.run_entry`, which records the run in the "
+                    "registry. `grafana` writes a Grafana dashboard (JSON) for the Prometheus "
+                    "metrics of gpu_lab's Jupyter server and DCGM-exporter.")
     p.add_argument("target", choices=TARGET_CHOICES, help="what to export")
-    p.add_argument("--entry", required=True, metavar="MODULE:FUNCTION",
-                   help="the training function, e.g. gpu_lab.train:train_classifier")
+    p.add_argument("--entry", metavar="MODULE:FUNCTION",
+                   help="the training function, e.g. gpu_lab.train:train_classifier (every "
+                        "target but grafana)")
     p.add_argument("--config", metavar="CONFIG.json",
                    help="TrainConfig JSON (default: TrainConfig's defaults)")
     p.add_argument("--out", metavar="DIR", help="write the files here (default: print them)")
@@ -34,6 +41,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--image", default="gpu-lab:latest", help="container image (Kubernetes)")
     p.add_argument("--shm-size", default="16Gi", help="/dev/shm size in the pod (Kubernetes)")
     p.add_argument("--namespace", help="Kubernetes namespace")
+    p.add_argument("--runtime", help="TrainJob: the ClusterTrainingRuntime to run on (default "
+                                     "torch-distributed, or gpu-lab-torch with --define-runtime)")
+    p.add_argument("--define-runtime", action="store_true",
+                   help="TrainJob: also write a ClusterTrainingRuntime for --image")
     p.add_argument("--time", dest="time_limit", default="24:00:00", help="Slurm time limit")
     p.add_argument("--partition", help="Slurm partition")
     p.add_argument("--account", help="Slurm account")
@@ -48,6 +59,26 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.target == "grafana":
+        return _grafana(args)
+    if not args.entry:
+        print(f"gpu-lab export {args.target}: --entry MODULE:FUNCTION is required (the training "
+              "function, e.g. gpu_lab.train:train_classifier)", file=sys.stderr)
+        return 2
+    return _jobs(args)
+
+
+def _grafana(args: argparse.Namespace) -> int:
+    from .grafana import dashboard_json, write_dashboard
+
+    if args.out:
+        print(f"# grafana: wrote {write_dashboard(args.out)} (Dashboards > New > Import)")
+    else:
+        sys.stdout.write(dashboard_json())  # plain JSON, to pipe into a file or an API call
+    return 0
+
+
+def _jobs(args: argparse.Namespace) -> int:
     from ..config import TrainConfig
     from . import export
     from .entry import EntryError
@@ -70,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
                       rdzv_backend=args.rdzv_backend, image=args.image, shm_size=args.shm_size,
                       namespace=args.namespace, time_limit=args.time_limit,
                       partition=args.partition, account=args.account,
-                      cpus_per_task=args.cpus_per_task, env=env,
+                      cpus_per_task=args.cpus_per_task, env=env, runtime=args.runtime,
+                      define_runtime=args.define_runtime,
                       check_import=not args.no_check_import)
     except (EntryError, ValueError, TypeError, OSError) as exc:
         print(f"gpu-lab export: {exc}", file=sys.stderr)

@@ -15,6 +15,7 @@ RDZV_BACKENDS = ("c10d", "static")
 _TIME = re.compile(r"^(\d+-)?\d{1,3}(:\d{2}){0,2}$")            # Slurm: [D-]HH[:MM[:SS]]
 _QUANTITY = re.compile(r"^\d+(\.\d+)?(Ki|Mi|Gi|Ti|K|M|G|T)?$")   # Kubernetes resource quantity
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_DNS_1123 = re.compile(r"^(?=.{1,63}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
 @dataclass
@@ -47,6 +48,10 @@ class JobSpec:
     image: str = "gpu-lab:latest"
     shm_size: str = "16Gi"
     namespace: str | None = None
+    # Kubeflow Trainer v2 (TrainJob): the ClusterTrainingRuntime to run on (None: the stock
+    # "torch-distributed", or "gpu-lab-torch" with define_runtime), and whether to write one
+    runtime: str | None = None
+    define_runtime: bool = False
     check_import: bool = True
 
     def __post_init__(self) -> None:
@@ -95,6 +100,14 @@ class JobSpec:
             if not _ENV_NAME.match(str(k)):
                 raise ValueError(f"JobSpec.env: {k!r} is not a valid environment variable name")
         self.env = {str(k): str(v) for k, v in self.env.items()}
+        if self.runtime is not None and not _DNS_1123.match(str(self.runtime)):
+            raise ValueError(f"JobSpec.runtime: got {self.runtime!r}; accepted: a Kubernetes "
+                             "name (lower-case letters, digits and '-', at most 63 characters), "
+                             "e.g. 'torch-distributed'")
+        if self.define_runtime and self.runtime == "torch-distributed":
+            raise ValueError("JobSpec.runtime: 'torch-distributed' with define_runtime=True would "
+                             "replace the cluster's stock runtime; name yours, e.g. "
+                             "runtime='gpu-lab-torch'")
         self.name = k8s_name(self.name or f"gpu-lab-{self.config.model}")
 
     @property

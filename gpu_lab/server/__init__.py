@@ -4,7 +4,8 @@ telemetry sampler and run registry, plus a Prometheus exposition.
 Thin handlers (handlers.py) over one per-server state object (state.py): a telemetry hub that holds
 the single subscription to the shared sampler however many browsers connect (hub.py), the run
 registry, and a small thread pool so that SQLite, NVML and process signalling never run on the
-IOLoop. Prometheus metrics are built in metrics.py.
+IOLoop. Prometheus metrics are built in metrics.py (DCGM-exporter names in dcgm.py), and the
+extension's settings (`c.GpuLabServer.*`) are in settings.py.
 
 Endpoints (under the server's base_url):
 
@@ -14,7 +15,9 @@ Endpoints (under the server's base_url):
     GET  gpu-lab/api/runs                  runs from the registry, with last step and loss
     GET  gpu-lab/api/runs/<id>             one run plus its (decimated) metric series
     POST gpu-lab/api/runs/<id>/stop        gpu_lab.launch.stop_run(id)
-    GET  gpu-lab/metrics                   Prometheus text format
+    GET  gpu-lab/metrics                   Prometheus text format: gpu_lab_* and DCGM-exporter
+                                           names (c.GpuLabServer.gpu_lab_metrics, dcgm_metrics,
+                                           run_metrics switch each family; see settings.py)
 """
 from __future__ import annotations
 
@@ -27,10 +30,13 @@ def _jupyter_server_extension_points() -> list[dict]:
 
 def _load_jupyter_server_extension(serverapp: Any) -> None:
     from .handlers import handlers
+    from .settings import GpuLabServer
     from .state import ServerState
 
     web_app = serverapp.web_app
-    state = ServerState(root_dir=getattr(serverapp, "root_dir", None), log=serverapp.log)
+    settings = GpuLabServer(parent=serverapp)  # c.GpuLabServer.* from the server's config
+    state = ServerState(root_dir=getattr(serverapp, "root_dir", None), log=serverapp.log,
+                        settings=settings)
     web_app.settings["gpu_lab"] = state
     web_app.add_handlers(".*$", handlers(web_app.settings["base_url"]))
     _close_with_server(serverapp, state)

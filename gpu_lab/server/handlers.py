@@ -100,8 +100,9 @@ class StopRunHandler(_Base):
 
 class MetricsHandler(_Base):
     """Prometheus text exposition. An APIHandler so that a scrape without credentials gets 403
-    rather than a redirect to the login page; Prometheus authenticates with
-    `authorization: {type: token, credentials: <jupyter token>}`."""
+    rather than a redirect to the login page; Prometheus authenticates with the Jupyter token,
+    `authorization: {type: Bearer, credentials_file: <file holding it>}` in the scrape config
+    (or `params: {token: [<token>]}`, which shows the token in Prometheus' target list)."""
 
     @web.authenticated
     @authorized

@@ -1,17 +1,27 @@
 """Prometheus exposition of GPU, host and run metrics (seed 003 §3.2: "Prometheus + Grafana").
 
 Built on demand for each scrape from the shared sampler's latest sample and the run registry, in the
-extension's thread pool. Run metrics are bounded: active runs plus the RECENT_RUNS newest others,
-so a registry with thousands of finished runs doesn't explode the series count.
+extension's thread pool. Three families, each switched by a GpuLabServer setting (settings.py):
+
+- gpu_lab_* telemetry: GPU and host readings under gpu_lab's names, in base units (bytes, hertz);
+- DCGM_FI_DEV_*: the same GPU readings under DCGM-exporter's names, units and labels (dcgm.py);
+- gpu_lab_run_*: the registry's runs. Status, last step and last loss for the active runs plus the
+  RECENT_RUNS newest others (a registry with thousands of finished runs must not explode the series
+  count); throughput, data-wait share and learning rate for the active runs only, since a finished
+  run's last throughput is no longer a rate of anything.
+
+The registry is read through its public methods only (list_runs, last_values, summary).
 """
 from __future__ import annotations
 
+import socket
 from typing import Any, Iterator
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from . import dcgm
 from .wire import sample_to_wire
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -37,24 +47,54 @@ HOST_GAUGES = (
     ("swap_used_mb", "gpu_lab_host_swap_used_bytes", "Swap in use", MiB),
     ("load_1", "gpu_lab_host_load1", "1-minute load average", 1.0),
 )
+# (training_values key, metric name, help): the training series of an active run
+RUN_GAUGES = (
+    ("samples_per_s", "gpu_lab_run_samples_per_second",
+     "Training throughput over all ranks, samples/s, at the last logged step"),
+    ("data_wait_ratio", "gpu_lab_run_data_wait_ratio",
+     "Share of the step time spent waiting for the next batch, 0..1, at the last logged step"),
+    ("lr", "gpu_lab_run_learning_rate", "Learning rate at the last logged step"),
+    ("step_time", "gpu_lab_run_step_seconds", "Wall time of one optimizer step, last logged"),
+)
+
+
+def _number(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
+        return None
+    return float(v)
+
+
+def training_values(registry: Any, run_id: str) -> dict[str, float]:
+    """The last training figures of a run: what `fit` logs (samples_per_s, step_time, data_wait,
+    lr), plus the data-wait share data_wait / step_time. Missing figures are left out."""
+    last = registry.summary(run_id)
+    out = {}
+    for key in ("samples_per_s", "lr", "step_time"):
+        v = _number(last.get(key))
+        if v is not None:
+            out[key] = v
+    wait, step = _number(last.get("data_wait")), _number(last.get("step_time"))
+    if wait is not None and step:
+        out["data_wait_ratio"] = min(1.0, max(0.0, wait / step))
+    return out
 
 
 class GpuLabCollector(Collector):
-    def __init__(self, state: Any) -> None:
+    """The gpu_lab_* families of one scrape; `sample` is the telemetry sample in wire format (None
+    when the telemetry family is off)."""
+
+    def __init__(self, state: Any, settings: Any, sample: dict | None) -> None:
         self.state = state
+        self.settings = settings
+        self.sample = sample
 
     def collect(self) -> Iterator[Any]:
-        yield from self._telemetry()
-        yield from self._runs()
-        clients = GaugeMetricFamily("gpu_lab_telemetry_websocket_clients",
-                                    "Browsers streaming telemetry from this server")
-        clients.add_metric([], self.state.hub.clients)
-        yield clients
+        if self.settings.gpu_lab_metrics and self.sample is not None:
+            yield from self._telemetry(self.sample)
+        if self.settings.run_metrics:
+            yield from self._runs()
 
-    def _telemetry(self) -> Iterator[Any]:
-        sampler = self.state.sampler_factory()
-        latest = self.state.hub.fresh_latest()
-        sample = sample_to_wire(latest) if latest is not None else {"host": {}, "gpus": []}
+    def _telemetry(self, sample: dict) -> Iterator[Any]:
         gpus = [g for g in sample.get("gpus") or [] if isinstance(g, dict)]
         labels = ["gpu", "name", "uuid"]
         for key, name, doc, scale in GPU_GAUGES:
@@ -75,7 +115,7 @@ class GpuLabCollector(Collector):
                 fam = GaugeMetricFamily(name, doc)
                 fam.add_metric([], float(v) * scale)
                 yield fam
-        stats = sampler.stats
+        stats = self.state.sampler_factory().stats
         calls = CounterMetricFamily("gpu_lab_telemetry_sampler_calls",
                                     "NVML and psutil calls made by the server's shared sampler",
                                     labels=["kind"])
@@ -91,6 +131,10 @@ class GpuLabCollector(Collector):
                                  "browsers stream)")
         subs.add_metric([], float(stats["subscribers"]))
         yield subs
+        clients = GaugeMetricFamily("gpu_lab_telemetry_websocket_clients",
+                                    "Browsers streaming telemetry from this server")
+        clients.add_metric([], self.state.hub.clients)
+        yield clients
 
     def _runs(self) -> Iterator[Any]:
         from gpu_lab.registry import ACTIVE, STATUSES
@@ -102,8 +146,8 @@ class GpuLabCollector(Collector):
         for s in STATUSES:
             by_status.add_metric([s], sum(1 for r in runs if r["status"] == s))
         yield by_status
-        shown = [r for r in runs if r["status"] in ACTIVE]
-        shown += [r for r in runs if r["status"] not in ACTIVE][:RECENT_RUNS]
+        active = [r for r in runs if r["status"] in ACTIVE]
+        shown = active + [r for r in runs if r["status"] not in ACTIVE][:RECENT_RUNS]
         info = GaugeMetricFamily("gpu_lab_run_info", "1 for each run shown, labelled with its "
                                  "name and status", labels=["run_id", "name", "status"])
         step = GaugeMetricFamily("gpu_lab_run_last_step", "Last reported step", labels=["run_id"])
@@ -121,10 +165,25 @@ class GpuLabCollector(Collector):
             if r.get("num_processes"):
                 procs.add_metric([rid], float(r["num_processes"]))
         yield from (info, step, loss, procs)
+        training = {r["id"]: training_values(reg, r["id"]) for r in active}
+        for key, name, doc in RUN_GAUGES:
+            fam = GaugeMetricFamily(name, doc, labels=["run_id"])
+            for rid, values in training.items():
+                if key in values:
+                    fam.add_metric([rid], values[key])
+            yield fam
 
 
 def exposition(state: Any) -> bytes:
     """The Prometheus text format for one scrape (blocking: run it off the IOLoop)."""
+    settings = state.settings
+    sample = None
+    if settings.gpu_lab_metrics or settings.dcgm_metrics:  # no NVML call when neither is on
+        latest = state.hub.fresh_latest()
+        sample = sample_to_wire(latest) if latest is not None else {"host": {}, "gpus": []}
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(GpuLabCollector(state))
-    return generate_latest(registry)
+    registry.register(GpuLabCollector(state, settings, sample))
+    body = generate_latest(registry)
+    if settings.dcgm_metrics and sample is not None:
+        body += dcgm.exposition(sample.get("gpus") or [], socket.gethostname()).encode()
+    return body

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .hub import TelemetryHub
+from .settings import GpuLabServer
 from .wire import run_to_wire
 
 # Where the tutorials index may sit relative to the server's root directory: `make lab` serves
@@ -25,9 +26,11 @@ class ServerState:
     """Everything the handlers share. One per Jupyter server."""
 
     def __init__(self, *, root_dir: str | None = None, log: logging.Logger | None = None,
-                 sampler_factory: Callable[[], Any] = _default_sampler) -> None:
+                 sampler_factory: Callable[[], Any] = _default_sampler,
+                 settings: GpuLabServer | None = None) -> None:
         self.root_dir = Path(root_dir) if root_dir else Path.cwd()
         self.log = log or logging.getLogger("gpu_lab.server")
+        self.settings = settings if settings is not None else GpuLabServer()
         # SQLite queries, NVML calls and process signalling block: they run here, never on the
         # IOLoop. Four threads: a slow stop (graceful SIGTERM wait) must not starve the lists.
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="gpu-lab-server")
