@@ -221,18 +221,18 @@ class Registry:
         try:
             base = c.execute("SELECT COALESCE(MAX(seq), 0) FROM events WHERE run_id=?",
                              (run_id,)).fetchone()[0]
-            rows, last = [], None
-            for i, e in enumerate(events, base + 1):
-                rows.append((run_id, i, int(e.get("rank", -1)), e["kind"], float(e["t"]),
-                             e.get("step"), json.dumps(e.get("data") or {}, separators=(",", ":"),
-                                                       default=_plain)))
-                if e["kind"] == "metric":
-                    last = _merge_last(last, e, c, run_id)
+            rows = [(run_id, i, int(e.get("rank", -1)), e["kind"], float(e["t"]), e.get("step"),
+                     _encode(e.get("data") or {})) for i, e in enumerate(events, base + 1)]
             c.executemany("INSERT INTO events (run_id, seq, rank, kind, t, step, data) "
                           "VALUES (?,?,?,?,?,?,?)", rows)
-            if last is not None:
-                c.execute("UPDATE runs SET last_step=?, summary=? WHERE id=?",
-                          (last["step"], json.dumps(last["values"]), run_id))
+            metric = [e for e in events if e["kind"] == "metric"]
+            if metric:
+                row = c.execute("SELECT last_step, summary FROM runs WHERE id=?",
+                                (run_id,)).fetchone()
+                if row is not None:
+                    step, summary = _fold_last(row[0], row[1], metric)
+                    c.execute("UPDATE runs SET last_step=?, summary=? WHERE id=?",
+                              (step, summary, run_id))
             if end is not None:
                 self._check_status(end["status"])
                 c.execute("UPDATE runs SET status=?, ended=COALESCE(ended, ?), "
@@ -356,23 +356,25 @@ def _upgrade(c: sqlite3.Connection) -> None:
         c.execute("DROP TABLE metrics")
 
 
-def _merge_last(last: dict | None, e: dict, c: sqlite3.Connection, run_id: str) -> dict:
-    """Fold a metric event into the run's {step, values} summary (values: name -> [rank, value];
-    a rank's value replaces one of the same or a higher rank, so rank 0's numbers win)."""
-    if last is None:
-        row = c.execute("SELECT last_step, summary FROM runs WHERE id=?", (run_id,)).fetchone()
-        last = {"step": row[0] if row else None,
-                "values": json.loads(row[1]) if row and row[1] else {}}
-    step, rank = e.get("step"), int(e.get("rank", 0))
-    if step is not None and (last["step"] is None or step > last["step"]):
-        last["step"] = step
-    values = last["values"]
-    for k, v in (e.get("data") or {}).items():
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            old = values.get(k)
-            if old is None or rank <= old[0]:
-                values[k] = [rank, v]
-    return last
+def _fold_last(step: int | None, summary: str | None, metric: list[dict]) -> tuple:
+    """The run's (last step, summary JSON) after these metric events. The summary maps each metric
+    to [rank, value]: the newest value of the lowest rank that reports it (rank 0's numbers win)."""
+    steps = [e["step"] for e in metric if e.get("step") is not None]
+    if steps:
+        step = max(steps) if step is None else max(step, max(steps))
+    values = json.loads(summary) if summary else {}
+    lowest = min(int(e.get("rank", 0)) for e in metric)
+    seen: dict = {}
+    for e in reversed(metric):  # newest first: the first value met of each name is the newest
+        if int(e.get("rank", 0)) == lowest:
+            for k, v in e["data"].items():
+                if k not in seen and isinstance(v, (int, float)) and not isinstance(v, bool):
+                    seen[k] = v
+    for k, v in seen.items():
+        old = values.get(k)
+        if old is None or lowest <= old[0]:
+            values[k] = [lowest, v]
+    return step, json.dumps(values)
 
 
 def _summary_values(raw: str | None) -> dict:
@@ -392,6 +394,9 @@ def _plain(o: Any) -> Any:
         return float(o)
     except Exception:
         return repr(o)
+
+
+_encode = json.JSONEncoder(separators=(",", ":"), default=_plain).encode  # made once: per event
 
 
 def _to_sql(column: str, value: Any) -> Any:

@@ -329,7 +329,7 @@ class LauncherDouble:
         self.calls.append((fn, args, kw))
         if self.fail:
             raise self.fail
-        self.run = RunDouble(num_processes=kw["num_processes"])
+        self.run = RunDouble(num_processes=args[0].num_processes)
         return self.run
 
 
@@ -374,8 +374,7 @@ def test_launchpanel_launch_stop_checkpoint():
                     dashboard_kw={"telemetry": False})
     p.launch_button.click()
     (fn, args, kw), = launcher.calls
-    assert fn is train_fn_double and args == (cfg,) and kw == {
-        "config": cfg, "num_processes": 2, "mixed_precision": "bf16"}
+    assert fn is train_fn_double and args == (cfg,) and kw == {"detach": False}
     assert p.run is launcher.run and p.dashboard is not None
     assert p.run_box.children == (p.dashboard,)
     assert p.launch_button.disabled and not p.stop_button.disabled  # clickable while it trains
@@ -387,6 +386,27 @@ def test_launchpanel_launch_stop_checkpoint():
     assert p.run.stopped.wait(5)
     wait_for(lambda: not p.launch_button.disabled, what="Launch to come back after the run ended")
     assert p.stop_button.disabled and "stopped" in p.status.value
+    p.close()
+
+
+def test_launchpanel_resumes_a_stopped_run_with_the_form_config(gpu_lab_home):
+    reg = Registry()
+    old = TrainConfig(max_steps=20, lr=0.01, num_processes=2)
+    reg.create_run("r-stopped", name="old", config=old.to_dict(), output_dir="/somewhere",
+                   status="running")
+    reg.set_status("r-stopped", "stopped", reason="the launching kernel exited")
+    reg.create_run("r-ok", name="done", config=old.to_dict(), output_dir="/x", status="succeeded")
+    launcher = LauncherDouble()
+    p = LaunchPanel(train_fn=train_fn_double, launcher=launcher, dashboard_kw={"telemetry": False})
+    assert [v for _, v in p.resume_choice.options] == [None, "r-stopped"]  # stopped/failed only
+    assert p.resume_button.disabled
+    p.resume_choice.value = "r-stopped"
+    assert p.config.lr == 0.01 and p.config.max_steps == 20  # the run's config, in the form
+    p.fields["max_steps"].input.value = "40"  # may change on resume
+    p.detach.value = True
+    p.resume_button.click()
+    (fn, args, kw), = launcher.calls
+    assert args[0].max_steps == 40 and kw == {"detach": True, "resume": "r-stopped"}
     p.close()
 
 

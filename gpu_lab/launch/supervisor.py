@@ -295,6 +295,10 @@ def supervise(spec: Spec) -> None:
                                   master_addr=spec.master_addr, node_rank=spec.node_rank,
                                   num_nodes=spec.num_nodes, rdzv_backend=spec.rdzv_backend)
             status, code = "succeeded", EXIT_OK
+            stop_file = run_dir / "control" / "stop"
+            if stop_file.exists():  # the loop saw the request first, saved, and returned early
+                status, code = "stopped", EXIT_STOPPED
+                reason = _read_reason(stop_file) or "stopped by the user"
         except BaseException as exc:  # noqa: BLE001 - every outcome is recorded
             _ignore_stop_signals()  # the bookkeeping below must not be cut short
             watch.done.set()

@@ -139,6 +139,8 @@ class Recorder:
             batch, self._pending = self._pending, []
         if end is not None:  # the run's last event; the row ends in the same transaction
             batch.append(ev.make(self.run_id, -1, ev.STATUS, end))
+            with self._lock:
+                self.received += 1
         if not batch:
             with self._flushed:
                 self._flushed.notify_all()
@@ -256,9 +258,10 @@ def serve(registry_path: str, run_id: str) -> int:
         final = {"status": "lost", "reason": LOST}
     rec.close(end=final)
     lost = rec.received - rec.written
-    if lost:
-        print(f"gpu_lab recorder: {lost} event(s) of run {run_id} could not be written to "
-              f"{registry_path}", file=sys.stderr, flush=True)
+    print(f"gpu_lab recorder: run {run_id} {final['status']}: {rec.written} events recorded, "
+          f"at most {rec.peak_pending} waiting for the database"
+          + (f"; {lost} could not be written to {registry_path}" if lost else ""),
+          file=sys.stderr, flush=True)
     return 0
 
 

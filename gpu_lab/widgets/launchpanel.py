@@ -1,11 +1,13 @@
 """LaunchPanel: a form generated from TrainConfig's fields, Launch / Stop / Checkpoint-now
-buttons, and the Dashboard of the run it launched.
+buttons, a Resume action for stopped or failed runs, and the Dashboard of the run it launched.
 
 The form is built from `TrainConfig.field_help()`: each field gets the input its type calls for,
 its help text, and an inline message when its value is refused — the message is TrainConfig's own,
 so the form and the Python API can never disagree about what is valid. Launch calls
-`gpu_lab.launch(train_fn, config, config=config, num_processes=..., mixed_precision=...)`, which
-returns at once: the kernel, and therefore every button here, stays responsive during training.
+`gpu_lab.launch(train_fn, config, detach=...)`, which returns at once: the kernel, and therefore
+every button here, stays responsive during training. Choosing a run to resume loads its config
+into the form (change what may change, such as max_steps); Resume launches a new run from its
+newest checkpoint, and a config that no longer fits the checkpoint is refused with the fields named.
 """
 from __future__ import annotations
 
@@ -178,13 +180,30 @@ class LaunchPanel(W.VBox):
         self.launch_button.on_click(self._on_launch)
         self.stop_button.on_click(self._on_stop)
         self.checkpoint_button.on_click(self._on_checkpoint)
+        self.detach = W.Checkbox(value=False, description="keep running when this kernel stops "
+                                 "(detach)", indent=False, layout=W.Layout(width="auto"))
+        self.resume_choice = W.Dropdown(options=[("(none)", None)], value=None,
+                                        description="resume run", style=_DESC,
+                                        layout=W.Layout(width="520px"))
+        self.resume_choice.observe(self._on_resume_choice, names="value")
+        self.resume_button = W.Button(description="Resume", icon="repeat", disabled=True,
+                                      tooltip="launch a new run that continues the chosen run "
+                                      "from its newest checkpoint, with the form's config")
+        self.resume_button.on_click(self._on_resume)
+        self.refresh_button = W.Button(icon="refresh", tooltip="list the runs again",
+                                       layout=W.Layout(width="36px"))
+        self.refresh_button.on_click(lambda _b: self.refresh_resumable())
         self.status = W.HTML("")
         self.form_error = W.HTML("", layout=W.Layout(display="none"))
         self.run_box = W.VBox([])
-        buttons = W.HBox([self.launch_button, self.stop_button, self.checkpoint_button, self.status],
-                         layout=W.Layout(align_items="center"))
+        buttons = W.HBox([self.launch_button, self.stop_button, self.checkpoint_button,
+                          self.detach, self.status], layout=W.Layout(align_items="center",
+                                                                     flex_flow="row wrap"))
+        resume_row = W.HBox([self.resume_choice, self.refresh_button, self.resume_button],
+                            layout=W.Layout(align_items="center"))
         super().__init__([W.HTML("<b>gpu_lab</b> · launch a training run"), self.form,
-                          self.form_error, buttons, self.run_box])
+                          self.form_error, buttons, resume_row, self.run_box])
+        self.refresh_resumable()
         self.validate()
 
     # --- the form ----------------------------------------------------------------------------------
@@ -245,11 +264,14 @@ class LaunchPanel(W.VBox):
         self.launch_button.disabled = active or bool(self.errors)
         self.stop_button.disabled = not active
         self.checkpoint_button.disabled = not active
+        if hasattr(self, "resume_button"):
+            self.resume_button.disabled = (active or bool(self.errors)
+                                           or self.resume_choice.value is None)
 
     def _say(self, text: str, color: str = "#555") -> None:
         self.status.value = f"<span style='color:{color}'>{html.escape(text)}</span>"
 
-    def _on_launch(self, _button: Any = None) -> None:
+    def _on_launch(self, _button: Any = None, resume: str | None = None) -> None:
         if self.active:
             self._say("a run is already active: stop it first", "#9a6700")
             return
@@ -262,13 +284,16 @@ class LaunchPanel(W.VBox):
             launch = self._launcher or _default_launcher()
             self.launch_button.disabled = True
             self._say("launching…")
-            run = launch(fn, config, config=config, num_processes=config.num_processes,
-                         mixed_precision=config.mixed_precision)
-        except Exception as e:  # PreflightError, a port in use, …: show it, keep the panel usable
+            kw = {"resume": resume} if resume is not None else {}
+            run = launch(fn, config, detach=self.detach.value, **kw)
+        except Exception as e:  # PreflightError, a refused resume, …: show it, keep the panel usable
             self.run = None
             self._sync_buttons()
             self._say(f"launch failed: {type(e).__name__}: {e}", "#b00")
             return
+        self._show_run(run)
+
+    def _show_run(self, run: Any) -> None:
         if self.dashboard is not None:
             self.dashboard.close()
         self.run = run
@@ -279,9 +304,41 @@ class LaunchPanel(W.VBox):
         self._sync_buttons()
         self._say(f"launched {getattr(run, 'id', run)}", "#1a7f37")
 
+    # --- resume ------------------------------------------------------------------------------------
+    def refresh_resumable(self) -> None:
+        """List the stopped and failed runs of the registry that have a checkpoint folder."""
+        from ..registry import Registry
+
+        rows = [r for r in Registry().list_runs(status=("stopped", "failed"), limit=50,
+                                                with_last=True) if r.get("output_dir")]
+        current = self.resume_choice.value
+        options = [("(none)", None)] + [
+            (f"{r['name']} · {r['id']} · {r['status']} at step {r.get('last_step')}", r["id"])
+            for r in rows]
+        self.resume_choice.options = options
+        self.resume_choice.value = current if current in {v for _, v in options} else None
+
+    def _on_resume_choice(self, change: dict) -> None:
+        run_id = change["new"]
+        if run_id is not None:
+            from ..registry import Registry
+
+            row = Registry().get_run(run_id)
+            try:
+                self.set_config(TrainConfig.from_dict(row.get("config") or {}))
+            except (TypeError, ValueError) as e:
+                self._say(f"that run's config does not load here: {e}", "#9a6700")
+        self._sync_buttons()
+
+    def _on_resume(self, _button: Any = None) -> None:
+        run_id = self.resume_choice.value
+        if run_id is not None:
+            self._on_launch(resume=run_id)
+
     def _on_run_end(self, run: Any) -> None:
         """Receiver thread, once the run's final state is drawn: re-enable Launch."""
         if run is self.run:
+            self.refresh_resumable()
             self._sync_buttons()
             self._say(f"run {getattr(run, 'id', '')} {getattr(run, 'status', '')}",
                       "#b00" if getattr(run, "status", "") == "failed" else "#555")

@@ -47,6 +47,14 @@ def status_html(run: Any, started: float | None = None) -> str:
     dropped = getattr(run, "dropped", 0)
     if dropped:
         parts.append(f"<span style='color:#9a6700'>{dropped} events dropped</span>")
+    src = getattr(run, "resumed_from", None)
+    if isinstance(src, dict) and src.get("step") is not None:
+        parts.append(f"resumed from step {src['step']} "
+                     f"<code title='{html.escape(str(src.get('path')))}'>"
+                     f"{html.escape(str(src.get('run') or src.get('path')))}</code>")
+    reason = getattr(run, "reason", None)
+    if reason and status in FINAL_STATUSES and status != "failed":
+        parts.append(html.escape(reason))
     return " · ".join(parts)
 
 
