@@ -395,7 +395,7 @@ def step_precision(ctx: Ctx) -> None:
         callbacks = [MemoryGuard(0.95, probe=lambda: 0.97)]  # no device memory: a stand-in probe
     else:
         free, total = torch.cuda.mem_get_info()
-        filler = torch.empty(int(free - 0.035 * total), dtype=torch.uint8, device="cuda")
+        filler = torch.empty(max(0, int(free - 0.035 * total)), dtype=torch.uint8, device="cuda")
         ctx.record(filled_fraction=1 - torch.cuda.mem_get_info()[0] / total)
     try:
         fit(build("tiny_resnet", 10, 32), data,
