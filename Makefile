@@ -2,6 +2,9 @@
 #   make lab    install into .venv and start JupyterLab on the tutorials, extension enabled
 #   make test   install into .venv (and Debian's Chromium, Slurm and Prometheus for the browser,
 #               export and metrics tests) and run every test
+# and two for the GPU machine (see bench/gpu_check.py):
+#   make gpu-wheels   download what its image lacks into .whl/ (CPython 3.12, manylinux x86_64)
+#   make gpu-check    on the GPU machine: install .whl/ and run the prepared GPU check
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -11,7 +14,7 @@ STAMP := $(VENV)/.stamp-install
 LAB_PORT ?= 8888
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
-.PHONY: lab test install chromium slurm prometheus clean bench
+.PHONY: lab test install chromium slurm prometheus clean bench gpu-wheels gpu-check
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -59,9 +62,28 @@ lab: install
 	$(VENV)/bin/jupyter lab --ip=127.0.0.1 --port=$(LAB_PORT) --notebook-dir=notebooks \
 	  --ServerApp.default_url=/lab/tree/00_overview.ipynb $(ROOT_FLAG)
 
-test: install chromium slurm prometheus
+test: install chromium slurm prometheus gpu-wheels
 	GPU_LAB_QUICK=1 PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(PY) -m pytest -p no:cacheprovider tests notebooks \
 	  --nbval-lax --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg
+
+# The GPU machine has no network: the packages its image lacks (bench/gpu_wheels.txt) travel with
+# the working tree as wheels (.whl/ is git-ignored; the device tool's `carry`). Fetched again only
+# when the list changes; the dry run in `make test` checks them.
+GPU_WHEELS := .whl/.complete
+GPU_PLATFORMS := $(foreach p,manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_26_x86_64 \
+	manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64,--platform $(p))
+$(GPU_WHEELS): bench/gpu_wheels.txt
+	rm -rf .whl
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+	  --implementation cp $(GPU_PLATFORMS) -d .whl -r bench/gpu_wheels.txt
+	$(PYTHON) bench/gpu_check.py --check-wheels .whl
+	touch $@
+
+gpu-wheels: $(GPU_WHEELS)
+
+# On the GPU machine (its python3 holds torch; no .venv, no network): see bench/gpu_check.py.
+gpu-check:
+	PYTHONUNBUFFERED=1 python3 bench/gpu_check.py --wheels .whl --out "$${OUT:-gpu_check_out}"
 
 bench: install
 	for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

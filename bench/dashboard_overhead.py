@@ -128,8 +128,6 @@ def whole_runs(args) -> list[float]:
 
 
 def windows(args) -> list[float]:
-    from gpu_lab.widgets import Dashboard
-
     cfg = config(10**7, args.batch_size)
     print(f"B. one run, Dashboard attached / detached in {args.windows} alternating windows of "
           f"{args.window_s:g} s (ABBA)", flush=True)
@@ -137,34 +135,47 @@ def windows(args) -> list[float]:
     try:
         if not run.wait_for_step(args.skip, timeout=300):
             raise RuntimeError(f"run {run.id} {run.status}: {run.error}")
-        c0 = time.process_time()
-        dash = Dashboard(run, stop_telemetry_at_end=False)
-        build_ms = 1000 * (time.process_time() - c0)
-        views = (dash.liveplot.attach, dash.info.attach, dash.gpupanel.start)
-        unviews = (dash.liveplot.detach, dash.info.detach, dash.gpupanel.stop)
-        spans: list[tuple[bool, float, float, float]] = []
-        for i in range(args.windows):
+        w = attach_detach_windows(run, cfg.batch_size, args.windows, args.window_s)
+    finally:
+        run.stop()
+    print(f"  dashboard built in {w['build_ms']:.0f} ms of CPU; kernel-side CPU "
+          f"{100 * w['cpu_detached']:.1f}% of a core detached, "
+          f"{100 * w['cpu_attached']:.1f}% attached")
+    print(f"  ratio attached / detached: {summary(w['ratios'])}", flush=True)
+    return w["ratios"]
+
+
+def attach_detach_windows(run, batch_size: int, n_windows: int, window_s: float) -> dict:
+    """A Dashboard on a running `run`, attached and detached in `n_windows` alternating windows
+    (ABBA): the ratios of rank 0's throughput attached / detached, one per pair of windows, and
+    this process's CPU share in each state. bench/gpu_check.py calls it during a GPU run."""
+    from gpu_lab.widgets import Dashboard
+
+    c0 = time.process_time()
+    dash = Dashboard(run, stop_telemetry_at_end=False)
+    build_ms = 1000 * (time.process_time() - c0)
+    views = (dash.liveplot.attach, dash.info.attach, dash.gpupanel.start)
+    unviews = (dash.liveplot.detach, dash.info.detach, dash.gpupanel.stop)
+    spans: list[tuple[bool, float, float, float]] = []
+    try:
+        for i in range(n_windows):
             on = i % 4 in (1, 2)  # off on on off | off on on off ...
             for fn in views if on else unviews:
                 fn()
             t0, c0 = time.time(), time.process_time()
-            time.sleep(args.window_s)
+            time.sleep(window_s)
             spans.append((on, t0, time.time(), time.process_time() - c0))
+    finally:
         for fn in unviews:
             fn()
-    finally:
-        run.stop()
-    rates = [(on, rank0_rate(run, cfg.batch_size, t0 + 0.2, t1), cpu / (t1 - t0))
+    rates = [(on, rank0_rate(run, batch_size, t0 + 0.2, t1), cpu / (t1 - t0))
              for on, t0, t1, cpu in spans]
     ratios = []
     for (on1, r1, _), (on2, r2, _) in zip(rates[0::2], rates[1::2]):
         ratios.append(r2 / r1 if on2 else r1 / r2)
-    cpu_on = statistics.median(c for on, _, c in rates if on)
-    cpu_off = statistics.median(c for on, _, c in rates if not on)
-    print(f"  dashboard built in {build_ms:.0f} ms of CPU; kernel-side CPU "
-          f"{100 * cpu_off:.1f}% of a core detached, {100 * cpu_on:.1f}% attached")
-    print(f"  ratio attached / detached: {summary(ratios)}", flush=True)
-    return ratios
+    return {"ratios": ratios, "build_ms": build_ms,
+            "cpu_attached": statistics.median(c for on, _, c in rates if on),
+            "cpu_detached": statistics.median(c for on, _, c in rates if not on)}
 
 
 def main() -> None:

@@ -51,6 +51,12 @@ class Augment(StrEnum):
     AUTOAUGMENT = "autoaugment"
 
 
+class Decode(StrEnum):
+    CPU = "cpu"
+    GPU = "gpu"
+    AUTO = "auto"
+
+
 #: Model names that gpu_lab.models.build accepts. The tiny ones learn in seconds on a CPU.
 MODEL_NAMES = ("tiny_cnn", "tiny_resnet", "tiny_vit", "resnet18", "resnet50", "vgg16", "vit_b_16")
 
@@ -130,6 +136,10 @@ class TrainConfig:
     num_workers: int = _f(2, "DataLoader worker processes per rank.", lo=0, hi=256)
     augment: str = _f("basic", "Augmentation: none, basic (crop + flip) or autoaugment (+ "
                       "RandomErasing, seed 000 §2.2).", choices=Augment)
+    decode: str = _f("cpu", "Where shard images are decoded: cpu (in the DataLoader workers), "
+                     "gpu (whole batches with nvJPEG on the training GPU, crop and flip there "
+                     "too; JPEG shards, augment none or basic), or auto (gpu when the host has "
+                     "one and the augmentation allows it).", choices=Decode)
     seed: int = _f(42, "Random seed for Python, NumPy, torch and data order.", lo=0, hi=2**32 - 1)
     # --- checkpoints, logging, guards ------------------------------------------------------------
     output_dir: str = _f("gpu_lab_runs", "Where checkpoints, TensorBoard logs and traces go. "
@@ -289,5 +299,5 @@ def _validate_field(f: dataclasses.Field, value: Any) -> Any:
     return value
 
 
-__all__ = ["TrainConfig", "config_diff", "Optimizer", "Scheduler", "MixedPrecision", "Augment", "MODEL_NAMES",
-           "ALIASES"]
+__all__ = ["TrainConfig", "config_diff", "Optimizer", "Scheduler", "MixedPrecision", "Augment",
+           "Decode", "MODEL_NAMES", "ALIASES"]

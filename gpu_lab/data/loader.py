@@ -52,6 +52,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from webdataset.tariterators import base_plus_ext
 
 from ..config import StrEnum
+from . import gpu_decode
 from .batch_ring import BatchRing, RingBatch
 from .shards import ShardManifest, resolve_shards
 from .tario import shard_members
@@ -174,7 +175,8 @@ class ShardDataset(IterableDataset):
     def __init__(self, urls: list[str], *, counts: dict[str, int] | None, rank: int, world_size: int,
                  train: bool, shard_shuffle: bool, resampled: bool, seed: int, shuffle_buffer: int,
                  transform: Callable, batch_size: int, partial: bool, handler: Callable,
-                 stats: LoaderStats, return_keys: bool, batches_per_worker: int | None) -> None:
+                 stats: LoaderStats, return_keys: bool, batches_per_worker: int | None,
+                 handover: Callable | None = None) -> None:
         super().__init__()
         self.urls, self.counts = urls, counts or {}
         self.rank, self.world_size = rank, world_size
@@ -185,6 +187,7 @@ class ShardDataset(IterableDataset):
         self.handler, self.stats = handler, stats
         self.return_keys = return_keys
         self.batches_per_worker = batches_per_worker
+        self.handover = handover  # decode="gpu": keep the encoded bytes, draw the crop (gpu_decode)
         self.ring: BatchRing | None = None  # set by ShardLoader for each epoch, before workers fork
 
     # -- shard assignment -------------------------------------------------------------------
@@ -259,7 +262,8 @@ class ShardDataset(IterableDataset):
                                      f"{sorted(x for x in s if not x.startswith('__'))}")
                 if "cls" not in s:
                     raise ValueError("no .cls member (the class label)")
-                img = self.transform(decode(s[k]))
+                img = (self.transform(decode(s[k])) if self.handover is None
+                       else self.handover(s[k], k))
                 label = parse_label(s["cls"])
             except Exception as exn:  # a bad sample goes to the policy, named with its shard
                 err = ShardError(f"shard {s['__url__']}: sample {s['__key__']!r}: "
@@ -273,6 +277,8 @@ class ShardDataset(IterableDataset):
             yield img, label, s["__key__"]
 
     def _collate(self, samples: list[tuple[torch.Tensor, int, str]]):
+        if self.handover is not None:
+            return gpu_decode.encoded_batch(samples, self.return_keys, _empty_shared)
         ring, info = self.ring, get_worker_info()
         if ring is not None and info is not None and samples[0][0].shape == ring.slot_shape[1:]:
             slot = ring.acquire(info.id)
@@ -319,8 +325,10 @@ class ShardLoader:
     def __init__(self, dataset: ShardDataset, loader: DataLoader, *, num_workers: int,
                  batches_per_epoch: int | None, manifest: ShardManifest | None,
                  output: Output = Output.FLOAT32, device: torch.device | None = None,
-                 image_shape: tuple[int, ...] | None = None, ring_slots: int = 0) -> None:
+                 image_shape: tuple[int, ...] | None = None, ring_slots: int = 0,
+                 decoder: Callable | None = None) -> None:
         self.dataset, self._loader = dataset, loader
+        self.decoder = decoder  # decode="gpu": EncodedBatch -> tensors on the device
         self.image_shape, self.ring_slots = image_shape, ring_slots
         self.output, self.device = output, device
         self.num_workers = num_workers
@@ -396,6 +404,8 @@ class ShardLoader:
         pinned memory), normalised there unless output="uint8"."""
         if isinstance(batch, RingBatch):
             batch = batch.materialize()
+        elif isinstance(batch, gpu_decode.EncodedBatch):
+            batch = self.decoder(batch)
         if self.device is None and self.output is Output.UINT8:
             return batch
         images, labels, *keys = batch
@@ -444,7 +454,7 @@ def shard_loader(urls: str | list, batch_size: int, train: bool = True, image_si
                  pin_memory: bool | None = None, prefetch_factor: int = 2, output: str = "float32",
                  device: str | torch.device | None = None, return_keys: bool = False,
                  crop_scale: tuple[float, float] = CROP_SCALE,
-                 multiprocessing_context: str | None = None) -> ShardLoader:
+                 multiprocessing_context: str | None = None, decode: str = "cpu") -> ShardLoader:
     """Batches from WebDataset shards for this rank (see the module docstring for the pipeline).
 
     urls: a shard directory (with write_shards' manifest, or any *.tar / *.tar.zst / *.tgz), a
@@ -467,6 +477,11 @@ def shard_loader(urls: str | list, batch_size: int, train: bool = True, image_si
     device: where batches go before they are normalised, e.g. "cuda" or `accelerator.device`
         (copied asynchronously from pinned memory, normalised on the GPU); default: stay on the CPU.
     return_keys: batches are (images, labels, keys).
+    decode: "cpu" (default: the workers decode), "gpu" (the workers hand over the encoded JPEG
+        bytes and their crop/flip draws; the training process decodes each batch with nvJPEG on
+        `device`, default the current CUDA device, and crops there: see `gpu_decode`), or "auto"
+        (gpu when this host has one and `augment` is not "autoaugment"). "gpu" is refused on a
+        host without a GPU.
     """
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size={batch_size!r}: expected a positive int")
@@ -484,6 +499,12 @@ def shard_loader(urls: str | list, batch_size: int, train: bool = True, image_si
     except (RuntimeError, TypeError):
         raise ValueError(f"device={device!r}: expected None, a torch.device or a device string "
                          f"such as 'cpu', 'cuda' or 'cuda:1'") from None
+    transform = build_transform(train, image_size, augment, crop_scale, normalize=False)
+    handover = decoder = None
+    on_device = gpu_decode.plan(decode, transform=transform, augment=augment, train=train,
+                                device=target)
+    if on_device is not None:
+        handover, decoder, target = on_device
     policy = _policy(handler)
     rank, world_size = dist_info(rank, world_size)
     shards, manifest = resolve_shards(urls)
@@ -521,9 +542,9 @@ def shard_loader(urls: str | list, batch_size: int, train: bool = True, image_si
         shards, counts=counts, rank=rank, world_size=world_size, train=train,
         shard_shuffle=train if shard_shuffle is None else shard_shuffle, resampled=resampled,
         seed=seed, shuffle_buffer=shuffle_buffer,
-        transform=build_transform(train, image_size, augment, crop_scale, normalize=False),
-        batch_size=batch_size, partial=not drop_last, handler=policy, stats=LoaderStats(ctx),
-        return_keys=return_keys, batches_per_worker=batches_per_worker)
+        transform=transform, batch_size=batch_size, partial=not drop_last, handler=policy,
+        stats=LoaderStats(ctx), return_keys=return_keys, batches_per_worker=batches_per_worker,
+        handover=handover)
     kw: dict[str, Any] = {}
     if num_workers > 0:
         kw.update(prefetch_factor=prefetch_factor, multiprocessing_context=ctx)
@@ -531,7 +552,8 @@ def shard_loader(urls: str | list, batch_size: int, train: bool = True, image_si
                         pin_memory=_default_pin_memory() if pin_memory is None else pin_memory, **kw)
     return ShardLoader(dataset, loader, num_workers=num_workers, batches_per_epoch=batches_per_epoch,
                        manifest=manifest, output=out_kind, device=target,
-                       image_shape=(3, image_size, image_size),
+                       image_shape=None if decoder else (3, image_size, image_size),
+                       decoder=decoder,
                        # the batches a worker can have in flight, plus what the caller and the
                        # pin-memory thread hold; beyond that a worker falls back to a fresh segment
                        ring_slots=prefetch_factor + 3)

@@ -121,20 +121,36 @@ class ImageTransform:
             w, h = width, height
         return (height - h) // 2, (width - w) // 2, h, w
 
-    def __call__(self, img):
-        if type(img) is not torch.Tensor or img.dtype != torch.uint8 or img.ndim != 3:
-            return self.v2(img)
+    def draw(self, height: int, width: int) -> tuple[int, int, int, int, bool] | None:
+        """The random draws for one image of this size, in the order `__call__` makes them:
+        (top, left, h, w, flip), or None when nothing is random (the eval transform). The GPU
+        decode path draws them in the DataLoader worker from the JPEG header's size, before any
+        decoding, and `apply`s them on the device."""
+        if not self.random_crop:
+            return None
+        top, left, h, w = self.crop_params(height, width)
+        return top, left, h, w, float(torch.rand(1)) < 0.5
+
+    def apply(self, img: torch.Tensor,
+              params: tuple[int, int, int, int, bool] | None) -> torch.Tensor:
+        """Crop, resize and flip a uint8 (3, H, W) tensor, on whatever device it lives, as `params`
+        (from `draw`) say; None: resize the shorter side and centre crop."""
         size = [self.size, self.size]
-        if self.random_crop:
-            top, left, h, w = self.crop_params(img.shape[-2], img.shape[-1])
+        if params is not None:
+            top, left, h, w, flip = params
             out = F.resized_crop_image(img, top, left, h, w, size, antialias=True)
-            if float(torch.rand(1)) < 0.5:
+            if flip:
                 out = out.flip(-1)
         else:
             out = F.center_crop_image(F.resize_image(img, [self.size], antialias=True), size)
         if self.normalize:
             out = F.normalize_image(out.to(torch.float32).div_(255.0), MEAN, STD)
         return out
+
+    def __call__(self, img):
+        if type(img) is not torch.Tensor or img.dtype != torch.uint8 or img.ndim != 3:
+            return self.v2(img)
+        return self.apply(img, self.draw(img.shape[-2], img.shape[-1]))
 
     def __repr__(self) -> str:
         return (f"ImageTransform(random_crop={self.random_crop}, size={self.size}, scale={self.scale}, "

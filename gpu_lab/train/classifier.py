@@ -61,7 +61,7 @@ def _shard_loaders(train_dir: Path, val_dir: Path, config: TrainConfig):
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     kw = dict(image_size=config.image_size, num_workers=config.num_workers, seed=config.seed,
-              resampled=world > 1)
+              resampled=world > 1, decode=config.decode)
     train = shard_loader(str(train_dir), config.batch_size, train=True, augment=config.augment, **kw)
     evaluation = (shard_loader(str(val_dir), config.batch_size, train=False, **kw)
                   if _has_shards(val_dir) else None)

@@ -62,6 +62,14 @@ def validate(config: TrainConfig | Mapping[str, Any], *, num_processes: int | No
             raise ConfigError("mixed_precision", f"got 'bf16', but this host's GPUs have compute "
                               f"capability {cc[0]}.{cc[1]}; bf16 needs 8.0 or newer (A100, H100, "
                               "RTX 30xx…). Use 'fp16' (with loss scaling) or 'no'.")
+    if cfg.decode == "gpu" and gpu_count == 0:
+        raise ConfigError("decode", "got 'gpu', but this host has no GPU (NVML sees none): the "
+                          "batch decoder (nvJPEG) runs on the training GPU. Use 'cpu' (the "
+                          "DataLoader workers decode) or 'auto'.")
+    if cfg.decode == "gpu" and cfg.augment == "autoaugment":
+        raise ConfigError("decode", "got 'gpu' with augment='autoaugment': AutoAugment and "
+                          "RandomErasing run per image in the DataLoader workers. Use "
+                          "augment='basic' (crop + flip run on the GPU) or decode='cpu'.")
     if gpu_count > 0 and nproc is not None and nproc > gpu_count:
         raise ConfigError("num_processes", f"got {nproc}, but this host has {gpu_count} GPU(s); "
                           f"accepted: 1..{gpu_count} (one process per GPU)")

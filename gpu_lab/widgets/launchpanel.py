@@ -30,7 +30,7 @@ SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
                       "step_size", "gamma", "grad_accum_steps", "max_grad_norm")),
     ("memory and speed", ("activation_checkpointing", "channels_last", "compile", "powersgd",
                           "zero", "memory_threshold", "oom_retry", "profile_steps")),
-    ("data", ("image_size", "num_classes", "num_workers", "augment", "seed")),
+    ("data", ("image_size", "num_classes", "num_workers", "augment", "decode", "seed")),
     ("checkpoints and logging", ("output_dir", "checkpoint_every", "keep_last", "resume",
                                  "eval_every", "log_every", "tensorboard")),
 )
