@@ -1,7 +1,8 @@
 """Small helpers the tutorial notebooks share: quick vs full mode, claim-vs-measured tables.
 
 Quick mode runs every notebook in about a minute on a CPU laptop; full mode uses the model sizes of
-the seed articles and needs a GPU server.
+the two articles the tutorials follow (Article A and Article B, named in notebooks/00_overview) and
+needs a GPU server.
 """
 from __future__ import annotations
 

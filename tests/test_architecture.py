@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "gpu_lab"
-HEADLESS = ["train", "data", "diagnostics", "export", "launch", "stream", "models"]
+HEADLESS = ["train", "data", "diagnostics", "export", "launch", "stream", "models", "cases"]
 VIEW_MODULES = ("ipywidgets", "plotly", "anywidget", "jupyter_server", "jupyterlab", "IPython",
                 "ipykernel", "tornado", "gpu_lab.widgets", "gpu_lab.server")
 
