@@ -196,19 +196,16 @@ class Receiver:
         zmq = self._zmq
         for _ in range(1000):
             try:
-                topic, raw = self._sub.recv_multipart(zmq.NOBLOCK)
+                frames = self._sub.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            except ValueError:  # not a two-part message: not ours
-                self.errors += 1
-                continue
-            run_id = topic.decode(errors="replace")
+            run_id = frames[0].decode(errors="replace")
             follows = self._follows.get(run_id)
             if not follows:
                 continue
             try:
-                events = ev.decode(raw)
-            except ValueError:
+                events = unpack(run_id, frames[1:])
+            except (ValueError, KeyError, IndexError):
                 self.errors += 1
                 continue
             now = time.monotonic()
@@ -280,6 +277,23 @@ class Receiver:
         self._thread.join(2)
         self._sub.close(0)
         self._ctx.term()
+
+
+def unpack(run_id: str, frames: list[bytes]) -> list[dict]:
+    """The events of a recorder's message (see gpu_lab.stream.recorder), with their numbers."""
+    import json
+
+    head = json.loads(frames[0])
+    seq = int(head["first"])
+    out: list[dict] = []
+    for raw in frames[1:]:
+        for e in ev.decode(raw):
+            e["seq"], e["run"] = seq, run_id
+            seq += 1
+            out.append(e)
+    if len(out) != int(head["count"]):
+        raise ValueError(f"a recorder message announced {head['count']} events, held {len(out)}")
+    return out
 
 
 _receiver: Receiver | None = None

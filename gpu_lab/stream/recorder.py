@@ -1,5 +1,8 @@
 """The run's recorder: receives every rank's events, writes them to the registry, republishes them.
 
+Published messages are [run id, {"first": seq, "count": n}, batch, batch, ...]: the batches as
+the ranks sent them, whose events, decoded in order, carry the numbers first, first + 1, ...
+
 A launched run's recorder is a process of its own, started by the supervisor (`spawn`): the
 supervisor is a fork of the kernel, and SQLite's state does not survive a fork (a forked child that
 opens the kernel's database gets "disk I/O error", or loses writes), so only a freshly executed
@@ -34,7 +37,7 @@ log = logging.getLogger(__name__)
 
 class Recorder:
     def __init__(self, registry: Any, run_id: str, *, publish: bool = True,
-                 interval: float = 0.1, max_pending: int = 200_000) -> None:
+                 interval: float = 0.1, max_pending: int = 50_000) -> None:
         import zmq
 
         self.registry = registry
@@ -56,6 +59,9 @@ class Recorder:
             port = self._pub.bind_to_random_port("tcp://127.0.0.1")
             self.publish_address = f"tcp://127.0.0.1:{port}"
         self._pending: list[dict] = []
+        # what the pending events arrived as: a rank's batch (bytes, published as it came) or
+        # events made here (a list, encoded at publishing)
+        self._frames: list[bytes | list] = []
         self._end: dict | None = None  # the run's final status, written with the last events
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -74,6 +80,7 @@ class Recorder:
         """Add events made in this process (the supervisor's status changes)."""
         with self._lock:
             self._pending.extend(events)
+            self._frames.append(list(events))
             self.received += len(events)
 
     def flush(self, timeout: float = 5.0) -> bool:
@@ -129,6 +136,7 @@ class Recorder:
                 continue
             with self._lock:
                 self._pending.extend(events)
+                self._frames.append(raw)
                 self.received += len(events)
                 self.peak_pending = max(self.peak_pending, len(self._pending))
             got += len(events)
@@ -137,8 +145,11 @@ class Recorder:
     def _write(self, end: dict | None = None) -> bool:
         with self._lock:
             batch, self._pending = self._pending, []
+            frames, self._frames = self._frames, []
         if end is not None:  # the run's last event; the row ends in the same transaction
-            batch.append(ev.make(self.run_id, -1, ev.STATUS, end))
+            last = ev.make(self.run_id, -1, ev.STATUS, end)
+            batch.append(last)
+            frames.append([last])
             with self._lock:
                 self.received += 1
         if not batch:
@@ -150,17 +161,22 @@ class Recorder:
         except Exception as exc:  # noqa: BLE001 - a locked or full database must not stop the run
             self.write_errors += 1
             log.warning("gpu_lab recorder: %d events not yet written (%s); retrying", len(batch), exc)
-            with self._lock:
-                self._pending[:0] = batch[:-1] if end is not None else batch  # retried in order
+            if end is not None:
+                batch, frames = batch[:-1], frames[:-1]
+                with self._lock:
+                    self.received -= 1
+            with self._lock:  # retried in order
+                self._pending[:0] = batch
+                self._frames[:0] = frames
             return False
-        for e, s in zip(batch, seqs):
-            e["seq"] = s
-            e["run"] = self.run_id
         self.last_seq = seqs[-1]
         if self._pub is not None:
+            # the numbers are implied: the events of these frames, decoded in order, are seqs[0],
+            # seqs[0] + 1, ...; the ranks' batches travel as they came, without a second encoding
+            head = json.dumps({"first": seqs[0], "count": len(batch)}).encode()
             try:
-                self._pub.send_multipart([self.run_id.encode(), ev.encode(batch)],
-                                         self._zmq.NOBLOCK)
+                self._pub.send_multipart([self.run_id.encode(), head] + [
+                    f if isinstance(f, bytes) else ev.encode(f) for f in frames], self._zmq.NOBLOCK)
                 self.published += len(batch)
             except self._zmq.Again:  # subscribers read it back from the registry
                 pass
