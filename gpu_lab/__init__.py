@@ -5,8 +5,7 @@ no NVML and does not import torch.
 """
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
+from ._lazy import lazy_api
 
 __version__ = "0.1.0"
 
@@ -36,24 +35,9 @@ _API = {
 _SUBMODULES = ("config", "registry", "stream", "telemetry", "train", "data", "diagnostics",
                "export", "widgets", "models", "tutorial")
 
-__all__ = sorted(_API) + ["__version__"]
-
-
-def __getattr__(name: str) -> Any:
-    mod = _API.get(name)
-    if mod is None:
-        if name in _SUBMODULES:
-            return import_module(f"gpu_lab.{name}")
-        raise AttributeError(f"module 'gpu_lab' has no attribute {name!r}")
-    module = import_module(mod)
-    # gpu_lab.launch is a callable package (see gpu_lab/launch/__init__.py)
-    value = module if name == "launch" else getattr(module, name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__, __all__ = lazy_api(__name__, _API, submodules=_SUBMODULES,
+                                          modules=("launch",))  # a callable package
+__all__ = __all__ + ["__version__"]
 
 
 def _jupyter_server_extension_points() -> list[dict]:

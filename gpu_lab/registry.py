@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from .stream.events import ACTIVE_STATUSES as ACTIVE
-from .stream.events import FINAL_STATUSES as FINAL
 from .stream.events import STATUSES
 
 _SCHEMA = """

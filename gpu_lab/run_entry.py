@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from .stream.events import ACTIVE_STATUSES
+
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_PREEMPTED = 0, 1, 2, 143
 
 
@@ -300,7 +302,7 @@ def _close_row(registry: Any, run_id: str, topo: Topology, status: str, error: s
     if status == "succeeded" and not topo.is_node_leader:
         return
     row = registry.get_run(run_id)
-    if row is not None and row["status"] in ("pending", "running", "stopping"):
+    if row is not None and row["status"] in ACTIVE_STATUSES:
         registry.set_status(run_id, status, error=error)
 
 

@@ -1,23 +1,54 @@
-"""How many GPUs this host has, asked of NVML, never of torch.cuda (which would initialise CUDA
-in the calling process and poison every later fork)."""
+"""NVML sessions, and how many GPUs this host has: asked of NVML, never of torch.cuda (which
+would initialise CUDA in the calling process and poison every later fork)."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+from typing import Any, Iterator
+
+
+def open_nvml(nvml: Any = None) -> tuple[Any, str | None]:
+    """(the initialised NVML module, None), or (None, why not). `nvml`: pynvml by default, or a
+    stand-in with its interface (gpu_lab.telemetry.doubles.FakeNVML)."""
+    try:
+        if nvml is None:
+            import pynvml as nvml
+        nvml.nvmlInit()
+        return nvml, None
+    except ImportError as e:
+        return None, f"nvidia-ml-py is not installed ({e})"
+    except Exception as e:  # noqa: BLE001 - NVMLError_LibraryNotFound / DriverNotLoaded: no GPU here
+        return None, f"NVML unavailable: {e}"
+
+
+def close_nvml(nvml: Any) -> None:
+    """Shut an open_nvml() session down; an error there is of no use to anyone."""
+    try:
+        nvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+@contextlib.contextmanager
+def nvml_session(nvml: Any = None) -> Iterator[tuple[Any, str | None]]:
+    """`with nvml_session() as (nv, why):` nv is the initialised NVML module for the block (shut
+    down after it), or None where there is no usable NVML, and `why` says why."""
+    nv, why = open_nvml(nvml)
+    try:
+        yield nv, why
+    finally:
+        if nv is not None:
+            close_nvml(nv)
 
 
 @functools.lru_cache(maxsize=1)
 def _nvml_count() -> int:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
+    with nvml_session() as (nv, _):
         try:
-            return int(pynvml.nvmlDeviceGetCount())
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:
-        return 0
+            return int(nv.nvmlDeviceGetCount()) if nv is not None else 0
+        except Exception:  # noqa: BLE001 - a driver that answers nothing: no GPU to use
+            return 0
 
 
 def gpu_count() -> int:

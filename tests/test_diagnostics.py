@@ -243,7 +243,7 @@ def test_allreduce_result_math():
     for r in res.rows:  # nccl-tests: busbw = algbw × 2(n−1)/n
         assert r.busbw_gbps == pytest.approx(r.algbw_gbps * 2 * (2 - 1) / 2)
         assert r.algbw_gbps == pytest.approx(r.size_bytes / (r.time_us * 1e-6) / 1e9, rel=1e-6)
-    assert "4MB" in res.bars()
+    assert "4 MiB" in res.bars()
 
 
 # ------------------------------------------------------------------------------ I/O benchmark

@@ -139,7 +139,7 @@ def test_nvml_calls_per_sample_are_constant():
 def test_nvml_unavailable_is_not_an_error(kind):
     s = NVMLSampler(nvml=FakeNVML(init_error=kind))
     assert s.sample() == []
-    assert not s.available and s.reason.startswith("NVML:")
+    assert not s.available and s.reason.startswith("NVML unavailable:")
 
 
 @pytest.mark.skipif(gpu_count() == 0, reason="no NVIDIA GPU/driver on this host: the real NVML path "

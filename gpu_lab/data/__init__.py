@@ -12,8 +12,8 @@ Never imports widgets; names are imported on first use (torch is not loaded by `
 """
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
+from gpu_lab._lazy import lazy_api
+
 
 _API = {
     "make_synthetic_images": "gpu_lab.data.synthetic",
@@ -39,17 +39,4 @@ _API = {
     "BenchReport": "gpu_lab.data.bench",
 }
 
-__all__ = sorted(_API)
-
-
-def __getattr__(name: str) -> Any:
-    mod = _API.get(name)
-    if mod is None:
-        raise AttributeError(f"module 'gpu_lab.data' has no attribute {name!r}")
-    value = getattr(import_module(mod), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__, __all__ = lazy_api(__name__, _API)

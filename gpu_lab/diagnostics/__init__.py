@@ -16,8 +16,8 @@ Never imports widgets, plotly or jupyter; names are imported on first use (torch
 """
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
+from gpu_lab._lazy import lazy_api
+
 
 _API = {
     "doctor": "gpu_lab.diagnostics.doctor",
@@ -49,17 +49,4 @@ _API = {
     "note": "gpu_lab.launch.triage",
 }
 
-__all__ = sorted(_API)
-
-
-def __getattr__(name: str) -> Any:
-    mod = _API.get(name)
-    if mod is None:
-        raise AttributeError(f"module 'gpu_lab.diagnostics' has no attribute {name!r}")
-    value = getattr(import_module(mod), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__, __all__ = lazy_api(__name__, _API)

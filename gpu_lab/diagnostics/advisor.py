@@ -14,20 +14,13 @@ from __future__ import annotations
 import html
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
+from ..units import fmt_bytes
 from .hardware import GPU_CLASSES, SEED_PICKS, GPUClass, by_name, usable_bytes
 from .cudasafe import cuda_probe_off
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "adam", "sgd")
-GiB = 2**30
-
-
-def _gib(n: float | None) -> str:
-    if n is None:
-        return "?"
-    return f"{n / GiB:.2f} GiB" if abs(n) >= GiB / 2 else f"{n / 2**20:.1f} MiB"
 
 
 @dataclass
@@ -82,7 +75,7 @@ class MemoryEstimate:
         head = (f"{self.model} @ {self.image_size}px, batch {self.batch_size}, {self.precision}, "
                 f"{self.optimizer}{', activation checkpointing' if self.activation_checkpointing else ''}"
                 f" — {self.method}")
-        return "\n".join([head] + [f"  {k:<18} {_gib(v):>11}" for k, v in self.rows()])
+        return "\n".join([head] + [f"  {k:<18} {fmt_bytes(v):>11}" for k, v in self.rows()])
 
 
 @dataclass
@@ -115,7 +108,7 @@ class Advice:
     def __repr__(self) -> str:
         e = self.estimate
         return (f"Advice({e.model} @ {e.image_size}px, batch {e.batch_size}, {e.precision}: peak "
-                f"{_gib(e.peak_bytes)}; one GPU holds it: {', '.join(self.fitting()) or 'none'})")
+                f"{fmt_bytes(e.peak_bytes)}; one GPU holds it: {', '.join(self.fitting()) or 'none'})")
 
     def fitting(self) -> list[str]:
         return [f.gpu for f in self.fits if f.fits_one]
@@ -129,12 +122,12 @@ class Advice:
                  f"  {'GPU':<12} {'usable':>10}  one GPU?  GPUs for batch {self.estimate.batch_size}"]
         for f in self.fits:
             n = "—" if f.min_gpus is None else f"{f.min_gpus} (batch {f.per_gpu_batch} each)"
-            lines.append(f"  {f.gpu:<12} {_gib(f.usable_bytes):>10}  {'yes' if f.fits_one else 'no':<8}  {n}"
+            lines.append(f"  {f.gpu:<12} {fmt_bytes(f.usable_bytes):>10}  {'yes' if f.fits_one else 'no':<8}  {n}"
                          + (f"   ← {f.seed_pick}" if f.seed_pick else ""))
         if self.remedies:
             lines += ["", f"Does not fit one {self.target}: what to switch on, with its peak:"]
             for r in self.remedies:
-                lines.append(f"  {r.switch:<44} {_gib(r.peak_bytes):>10}  (−{_gib(r.saves_bytes)}; "
+                lines.append(f"  {r.switch:<44} {fmt_bytes(r.peak_bytes):>10}  (−{fmt_bytes(r.saves_bytes)}; "
                              f"{r.cost}) fits: {', '.join(r.fits[:3]) or 'none'}")
         return "\n".join(lines)
 
@@ -144,20 +137,20 @@ class Advice:
         out = [f"<div><b>{e(est.model)}</b> @ {est.image_size}px, batch {est.batch_size}, "
                f"{e(est.precision)}, {e(est.optimizer)} <i>({e(est.method)})</i>",
                "<table><tr>" + "".join(f"<th>{e(k)}</th>" for k, _ in est.rows()) + "</tr><tr>"
-               + "".join(f"<td>{_gib(v)}</td>" for _, v in est.rows()) + "</tr></table>",
+               + "".join(f"<td>{fmt_bytes(v)}</td>" for _, v in est.rows()) + "</tr></table>",
                "<table><tr><th>GPU</th><th>usable</th><th>one GPU?</th>"
                f"<th>GPUs for batch {est.batch_size}</th><th>seed 000 §2.1</th></tr>"]
         for f in self.fits:
             n = "—" if f.min_gpus is None else f"{f.min_gpus} (batch {f.per_gpu_batch} each)"
             color = "#1a7f37" if f.fits_one else "#b00"
-            out.append(f"<tr><td>{e(f.gpu)}</td><td>{_gib(f.usable_bytes)}</td>"
+            out.append(f"<tr><td>{e(f.gpu)}</td><td>{fmt_bytes(f.usable_bytes)}</td>"
                        f"<td style='color:{color}'>{'yes' if f.fits_one else 'no'}</td><td>{e(n)}</td>"
                        f"<td>{e(f.seed_pick or '')}</td></tr>")
         out.append("</table>")
         if self.remedies:
             out.append(f"<b>Does not fit one {e(self.target or '')}:</b><ol>")
-            out += [f"<li><code>{e(r.switch)}</code>: peak {_gib(r.peak_bytes)} "
-                    f"(−{_gib(r.saves_bytes)}; {e(r.cost)}); fits {e(', '.join(r.fits[:3]) or 'none')}</li>"
+            out += [f"<li><code>{e(r.switch)}</code>: peak {fmt_bytes(r.peak_bytes)} "
+                    f"(−{fmt_bytes(r.saves_bytes)}; {e(r.cost)}); fits {e(', '.join(r.fits[:3]) or 'none')}</li>"
                     for r in self.remedies]
             out.append("</ol>")
         return "".join(out) + "</div>"

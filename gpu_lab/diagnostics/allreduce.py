@@ -16,25 +16,18 @@ from __future__ import annotations
 
 import html
 import os
-import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-KiB, MiB, GiB = 2**10, 2**20, 2**30
+from ..units import MiB, fmt_bytes, parse_size
+
 FULL_RANGE = (8, 256 * MiB)        # nccl-tests -b 8 -e 256M -f 2
 QUICK_RANGE = (8, 1 * MiB)         # a CPU laptop / CI: gloo over loopback, seconds not minutes
 _DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 
 
 def _parse_one(s: str | int) -> int:
-    if isinstance(s, int) and not isinstance(s, bool):
-        return s
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGkmg]?)(i?[Bb])?\s*", str(s))
-    if not m:
-        raise ValueError(f"size: got {s!r}; accepted: bytes as an int or with a unit, e.g. 8, 8B, "
-                         "64K, 256M, 1G (powers of 1024, as nccl-tests reads them)")
-    mult = {"": 1, "k": KiB, "m": MiB, "g": GiB}[m.group(2).lower()]
-    return int(float(m.group(1)) * mult)
+    return parse_size(s, decimal_si=False)  # 64K, 256M, 1G: powers of 1024, as nccl-tests reads them
 
 
 def parse_sizes(spec: str | list | tuple | None = None, factor: int = 2) -> list[int]:
@@ -117,7 +110,7 @@ class AllReduceResult:
     def bars(self, width: int = 40) -> str:
         """busbw per size as a text bar chart (the terminal's plot)."""
         peak = self.peak_busbw_gbps or 1.0
-        return "\n".join(f"{_human(r.size_bytes):>8} {'█' * max(1, round(width * r.busbw_gbps / peak)):<{width}} "
+        return "\n".join(f"{fmt_bytes(r.size_bytes, 0):>8} {'█' * max(1, round(width * r.busbw_gbps / peak)):<{width}} "
                          f"{r.busbw_gbps:.3f} GB/s" for r in self.rows)
 
     def __str__(self) -> str:
@@ -125,13 +118,6 @@ class AllReduceResult:
 
     def _repr_html_(self) -> str:
         return f"<pre>{html.escape(self.table())}</pre>"
-
-
-def _human(n: int) -> str:
-    for unit, size in (("G", GiB), ("M", MiB), ("K", KiB)):
-        if n >= size and n % size == 0:
-            return f"{n // size}{unit}B"
-    return f"{n}B"
 
 
 def _bench_rank(sizes: list[int], iters: int, warmup: int, dtype_name: str,

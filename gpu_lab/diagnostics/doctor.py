@@ -26,6 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..telemetry_probe import nvml_session
+from ..units import GiB, fmt_bytes
+
 SECTIONS = ("system", "gpus", "topology", "host", "env", "fork_safety", "warnings")
 
 #: the environment variables a training run depends on (plus every NCCL_* that is set)
@@ -36,7 +39,6 @@ ENV_VARS = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "CUDA_LAUNCH_BLOCKING",
             "NCCL_P2P_DISABLE", "NCCL_IB_DISABLE", "NCCL_SHM_DISABLE", "NCCL_SOCKET_IFNAME")
 
 WARNING, INFO = "warning", "info"
-GiB = 2**30
 
 
 @dataclass
@@ -83,7 +85,7 @@ class DoctorReport:
             ("driver", f"{s.get('driver') or '—'} (supports CUDA {s.get('driver_cuda') or '—'})"),
             ("accelerate", s.get("accelerate") or "—")])]
         g = self.gpus
-        gl = [(f"GPU {d['index']}", f"{d['name']}, {_gib(d.get('memory_total_bytes'))}, compute "
+        gl = [(f"GPU {d['index']}", f"{d['name']}, {fmt_bytes(d.get('memory_total_bytes'))}, compute "
                f"capability {d.get('compute_capability') or '?'}, NUMA node "
                f"{d.get('numa_node') if d.get('numa_node') is not None else '?'}, bus {d.get('pci_bus_id') or '?'}")
               for d in g.get("devices", [])]
@@ -101,8 +103,8 @@ class DoctorReport:
                     f"{h.get('cpus_physical')} physical cores"),
             ("NUMA", f"{len(nodes)} node(s): " + "; ".join(f"node {n['node']} cpus {n['cpus']}"
                                                            for n in nodes) if nodes else "—"),
-            ("RAM", f"{_gib(h.get('ram_available_bytes'))} available of {_gib(h.get('ram_total_bytes'))}"),
-        ] + [(f"disk {d['path']}", f"{_gib(d['free_bytes'])} free of {_gib(d['total_bytes'])}")
+            ("RAM", f"{fmt_bytes(h.get('ram_available_bytes'))} available of {fmt_bytes(h.get('ram_total_bytes'))}"),
+        ] + [(f"disk {d['path']}", f"{fmt_bytes(d['free_bytes'])} free of {fmt_bytes(d['total_bytes'])}")
              for d in h.get("disks", [])]))
         out.append(("Environment", [(k, "(unset)" if v is None else v) for k, v in self.env.items()]))
         f = self.fork_safety
@@ -151,10 +153,6 @@ class DoctorReport:
             parts.append("</table></details>")
         parts.append("</div>")
         return "".join(parts)
-
-
-def _gib(n: Any) -> str:
-    return f"{n / GiB:.1f} GiB" if isinstance(n, (int, float)) else "?"
 
 
 # ------------------------------------------------------------------------------------- system
@@ -225,19 +223,6 @@ def _try(fn: Any, *args: Any) -> Any:
         return fn(*args)
     except Exception:  # noqa: BLE001 - NVMLError_* (NotSupported, NoPermission, ...) and missing functions
         return None
-
-
-def open_nvml(nvml: Any = None) -> tuple[Any, str | None]:
-    """(the initialised NVML module, None) or (None, why not)."""
-    try:
-        if nvml is None:
-            import pynvml as nvml
-        nvml.nvmlInit()
-        return nvml, None
-    except ImportError as e:
-        return None, f"nvidia-ml-py is not installed ({e})"
-    except Exception as e:  # noqa: BLE001 - NVMLError_LibraryNotFound / DriverNotLoaded: no GPU here
-        return None, f"NVML unavailable: {e}"
 
 
 def _numa_of_bus(bus: str | None) -> int | None:
@@ -468,14 +453,14 @@ def env_findings(env: dict, host: dict, gpus: dict) -> list[Finding]:
     shm = next((d for d in host.get("disks", []) if d["path"] == "/dev/shm"), None)
     if shm and shm["total_bytes"] < 1 * GiB:
         out.append(Finding(WARNING, "/dev/shm",
-                           f"only {_gib(shm['total_bytes'])}: DataLoader workers hand batches over in "
+                           f"only {fmt_bytes(shm['total_bytes'])}: DataLoader workers hand batches over in "
                            "shared memory and die with 'bus error' when it is full (Docker's default "
                            "is 64 MB). Run the container with --shm-size=8g or --ipc=host."))
     for d in host.get("disks", []):
         if d["path"] != "/dev/shm" and d["total_bytes"] and (
                 d["free_bytes"] < 5 * GiB or d["free_bytes"] / d["total_bytes"] < 0.05):
             out.append(Finding(WARNING, f"disk {d['path']}",
-                               f"{_gib(d['free_bytes'])} free: checkpoints and shards need room; "
+                               f"{fmt_bytes(d['free_bytes'])} free: checkpoints and shards need room; "
                                "a full disk fails a checkpoint write halfway."))
     nodes = host.get("numa_nodes") or []
     gpu_nodes = {d.get("numa_node") for d in gpus.get("devices", []) if d.get("numa_node") is not None}
@@ -518,8 +503,7 @@ def doctor(env: dict[str, str] | None = None, *, nvml: Any = None,
     t0 = time.perf_counter()
     environ = dict(os.environ)
     environ.update(env or {})
-    nv, reason = open_nvml(nvml)
-    try:
+    with nvml_session(nvml) as (nv, reason):
         system = system_info(nv)
         if nv is not None:
             gpus, handles = gpu_info(nv)
@@ -527,9 +511,6 @@ def doctor(env: dict[str, str] | None = None, *, nvml: Any = None,
         else:
             gpus, handles = {"count": 0, "devices": [], "reason": reason}, []
             topology = topology_info(None, [], [])
-    finally:
-        if nv is not None:
-            _try(nv.nvmlShutdown)
     host = host_info(paths)
     envd = env_info(environ)
     findings = env_findings(envd, host, gpus)

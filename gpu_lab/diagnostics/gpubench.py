@@ -82,18 +82,15 @@ class GPUBenchResult:
 
 
 def _gpu_name() -> str | None:
-    try:
-        import pynvml
+    from ..telemetry_probe import nvml_session
 
-        pynvml.nvmlInit()
+    with nvml_session() as (nv, _):
         try:
             idx = int((os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0])
-            name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(idx))
+            name = nv.nvmlDeviceGetName(nv.nvmlDeviceGetHandleByIndex(idx))
             return name.decode() if isinstance(name, bytes) else name
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # noqa: BLE001 - no NVML, no GPU, a UUID in CUDA_VISIBLE_DEVICES: name unknown
-        return None
+        except Exception:  # noqa: BLE001 - no NVML, no GPU, a UUID in CUDA_VISIBLE_DEVICES
+            return None
 
 
 def training_flops(model: str, image_size: int, num_classes: int = 1000) -> float:

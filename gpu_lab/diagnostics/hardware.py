@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-GiB = 2**30
+from ..units import GiB
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 from ..config import TrainConfig
 from ..registry import Registry, home
+from ..stream.events import ACTIVE_STATUSES
 from ..telemetry_probe import gpu_count
 from . import checks as pf
 from .run import FINAL, Run, terminate_tree
@@ -213,7 +214,7 @@ def stop_run(run_id: str, grace: float = 5.0, registry: Registry | None = None,
     for run in list(_launched):  # launched from this process: use the handle (it reaps)
         if run.id == run_id:
             return run.stop(grace=grace, reason=reason)
-    if row["status"] not in ("pending", "running", "stopping"):
+    if row["status"] not in ACTIVE_STATUSES:
         return row["status"]
     reg.set_status(run_id, "stopping")
     if row.get("pid"):

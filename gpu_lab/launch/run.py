@@ -100,7 +100,7 @@ class Run:
         return run
 
     def _apply_row(self, row: dict) -> None:
-        if row["status"] in ("running", "stopping") and self._status == "pending":
+        if row["status"] in ev.ACTIVE_STATUSES and self._status == "pending":
             self._status = row["status"]
         if row["status"] in FINAL:
             self._finish(row["status"], reason=row.get("reason"), announce=False)

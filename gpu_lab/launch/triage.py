@@ -15,6 +15,8 @@ import time
 import traceback as tb
 from dataclasses import asdict, dataclass, field
 
+from ..units import fmt_bytes, parse_size
+
 OOM = "out of memory"
 COMM = "communication"
 DATA = "data loading"
@@ -202,34 +204,12 @@ def noted() -> dict:
     return dict(_context)
 
 
-_UNIT = {"b": 1, "byte": 1, "bytes": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-         "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
 _SIZE = r"([0-9][0-9,]*(?:\.[0-9]+)?)\s*(bytes|byte|[KMGT]i?B|B)\b"
-
-
-def parse_size(text: str) -> int:
-    """'2.00 GiB' -> 2147483648; '0 bytes' -> 0; '1.5 GB' -> 1500000000."""
-    m = re.fullmatch(r"\s*" + _SIZE + r"\s*", text, flags=re.IGNORECASE)
-    if not m:
-        raise ValueError(f"parse_size: {text!r} is not a size; accepted: a number and one of "
-                         "bytes, B, KiB, MiB, GiB, TiB, KB, MB, GB, TB")
-    return int(round(float(m.group(1).replace(",", "")) * _UNIT[m.group(2).lower()]))
-
-
-def fmt_bytes(n: float | None) -> str:
-    """Binary units with two decimals, as torch's out-of-memory message writes them."""
-    if n is None:
-        return "?"
-    n = float(n)
-    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{int(n)} bytes"
 
 
 def _size_after(pattern: str, text: str) -> int | None:
     m = re.search(pattern + _SIZE, text, flags=re.IGNORECASE)
-    return int(round(float(m.group(1).replace(",", "")) * _UNIT[m.group(2).lower()])) if m else None
+    return parse_size(f"{m.group(1)} {m.group(2)}") if m else None
 
 
 def parse_oom(text: str) -> dict:

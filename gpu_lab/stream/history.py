@@ -7,38 +7,46 @@ therefore costs what a few-thousand-step run does.
 from __future__ import annotations
 
 import threading
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
+
+
+def minmax_indices(y: Sequence[float], n: int) -> Any:
+    """Which of the points y[0..m-1] to keep so that at most n remain: the first and the last, and
+    each bucket's minimum and maximum in order (so a loss spike stays visible). A numpy index array;
+    every decimation in gpu_lab (history, plots, the server's series) uses this one."""
+    import numpy as np
+
+    if n < 4:
+        raise ValueError(f"decimate: n must be >= 4, got {n}")
+    m = len(y)
+    if m <= n:
+        return np.arange(m)
+    vals_all = np.asarray(y, dtype=float)
+    buckets = (n - 2) // 2
+    inner = m - 2
+    lo = 1 + (np.arange(buckets) * inner) // buckets
+    hi = 1 + (np.arange(1, buckets + 1) * inner) // buckets
+    width = int((hi - lo).max())
+    pos = lo[:, None] + np.arange(width)[None, :]  # bucket b's indices, padded to equal width
+    valid = pos < hi[:, None]
+    vals = vals_all[np.minimum(pos, m - 1)]
+    # argmin/argmax return the first occurrence, as min()/max() do; padding never wins
+    imin = np.take_along_axis(pos, np.argmin(np.where(valid, vals, np.inf), 1)[:, None], 1)
+    imax = np.take_along_axis(pos, np.argmax(np.where(valid, vals, -np.inf), 1)[:, None], 1)
+    nonempty = hi > lo
+    a, b = imin[nonempty, 0], imax[nonempty, 0]
+    # buckets are disjoint and in order: each one's two indices, smaller first, are already sorted
+    pair = np.stack((np.minimum(a, b), np.maximum(a, b)), axis=1)
+    keep = pair.ravel()[np.stack((np.ones(len(a), bool), a != b), axis=1).ravel()]
+    return np.concatenate(([0], keep, [m - 1]))
 
 
 def decimate_minmax(x: Sequence[float], y: Sequence[float], n: int) -> tuple[list, list]:
-    """Reduce (x, y) to at most n points, keeping each bucket's min and max in x order.
-
-    The first and the last point are always kept. n must be >= 4.
-    """
-    if n < 4:
-        raise ValueError(f"decimate_minmax: n must be >= 4, got {n}")
-    m = len(x)
-    if m != len(y):
-        raise ValueError(f"decimate_minmax: x has {m} points but y has {len(y)}")
-    if m <= n:
-        return list(x), list(y)
-    buckets = (n - 2) // 2
-    ox, oy = [x[0]], [y[0]]
-    inner = m - 2
-    for b in range(buckets):
-        lo = 1 + (b * inner) // buckets
-        hi = 1 + ((b + 1) * inner) // buckets
-        if hi <= lo:
-            continue
-        seg = range(lo, hi)
-        imin = min(seg, key=y.__getitem__)
-        imax = max(seg, key=y.__getitem__)
-        for i in sorted({imin, imax}):
-            ox.append(x[i])
-            oy.append(y[i])
-    ox.append(x[-1])
-    oy.append(y[-1])
-    return ox, oy
+    """(x, y) reduced to at most n points by `minmax_indices`, as lists."""
+    if len(x) != len(y):
+        raise ValueError(f"decimate_minmax: x has {len(x)} points but y has {len(y)}")
+    idx = minmax_indices(y, n).tolist()
+    return [x[i] for i in idx], [y[i] for i in idx]
 
 
 class Series:
@@ -64,8 +72,7 @@ class Series:
             self._compress()
 
     def _compress(self) -> None:
-        idx = list(range(len(self.values)))
-        keep, _ = decimate_minmax(idx, self.values, self.capacity // 2)
+        keep = minmax_indices(self.values, self.capacity // 2).tolist()
         self.steps = [self.steps[i] for i in keep]
         self.times = [self.times[i] for i in keep]
         self.values = [self.values[i] for i in keep]

@@ -22,6 +22,8 @@ import os
 import time
 from typing import Any, Callable, Iterable, Sequence
 
+from ..telemetry_probe import close_nvml, open_nvml
+
 
 MB = 1024 * 1024
 FROM_ENV = "$CUDA_VISIBLE_DEVICES"  # NVMLSampler(visible=...) default: read the environment
@@ -166,20 +168,13 @@ class NVMLSampler:
             return None
 
     def _init(self) -> None:
-        try:
-            if self._nvml is None:
-                import pynvml
-
-                self._nvml = pynvml
-            nv = self._nvml
-            self._errors = (nv.NVMLError, AttributeError, NotImplementedError)
-            self._call(nv.nvmlInit)
-        except ImportError as e:
-            self._unavailable(f"nvidia-ml-py is not installed ({e})")
+        self.calls += 1
+        nv, why = open_nvml(self._nvml)
+        if nv is None:
+            self._unavailable(why)
             return
-        except Exception as e:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...: no usable GPU
-            self._unavailable(f"NVML: {e}")
-            return
+        self._nvml = nv
+        self._errors = (nv.NVMLError, AttributeError, NotImplementedError)
         try:
             count = self._call(nv.nvmlDeviceGetCount)
             all_handles = [self._call(nv.nvmlDeviceGetHandleByIndex, i) for i in range(count)]
@@ -228,10 +223,8 @@ class NVMLSampler:
 
     def close(self) -> None:
         if self._state == "ready":
-            try:
-                self._call(self._nvml.nvmlShutdown)
-            except self._errors:
-                pass
+            self.calls += 1
+            close_nvml(self._nvml)
         self._state = "closed"
         self.devices, self._handles = [], []
 

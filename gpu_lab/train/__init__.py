@@ -9,8 +9,8 @@ before a launch) does not import torch.
 """
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
+from gpu_lab._lazy import lazy_api
+
 
 _API = {
     "fit": ".loop",
@@ -36,17 +36,4 @@ _API = {
     "ResumeMismatchError": ".resume",
 }
 
-__all__ = sorted(_API)
-
-
-def __getattr__(name: str) -> Any:
-    mod = _API.get(name)
-    if mod is None:
-        raise AttributeError(f"module 'gpu_lab.train' has no attribute {name!r}")
-    value = getattr(import_module(mod, __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__, __all__ = lazy_api(__name__, _API)

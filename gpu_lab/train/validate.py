@@ -98,16 +98,15 @@ def validate(config: TrainConfig | Mapping[str, Any], *, num_processes: int | No
 def min_compute_capability() -> tuple[int, int] | None:
     """The lowest CUDA compute capability among this host's GPUs, asked of NVML (not torch.cuda,
     which would initialise CUDA in the kernel); None when NVML cannot tell."""
-    try:
-        import pynvml
+    from ..telemetry_probe import nvml_session
 
-        pynvml.nvmlInit()
+    with nvml_session() as (nv, _):
         try:
-            caps = [tuple(pynvml.nvmlDeviceGetCudaComputeCapability(
-                pynvml.nvmlDeviceGetHandleByIndex(i))) for i in range(pynvml.nvmlDeviceGetCount())]
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # noqa: BLE001 - no driver, no NVML: unknown, not an error
+            caps = [tuple(nv.nvmlDeviceGetCudaComputeCapability(nv.nvmlDeviceGetHandleByIndex(i)))
+                    for i in range(nv.nvmlDeviceGetCount())] if nv is not None else None
+        except Exception:  # noqa: BLE001 - no driver, no NVML: unknown, not an error
+            caps = None
+    if caps is None:
         return None
     return min(caps) if caps else None
 

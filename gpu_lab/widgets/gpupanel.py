@@ -18,7 +18,7 @@ import ipywidgets as W
 
 from ..telemetry import Sampler, get_sampler
 from .liveplot import COLORS, as_dates
-from .throttle import MAX_HZ, Flusher
+from .throttle import Flusher, Flushes, MAX_HZ
 
 MEM_HIGH_PCT = 95.0
 UTIL_LOW_PCT = 70.0
@@ -43,7 +43,7 @@ def _fmt(v: Any, spec: str = ".0f", unit: str = "") -> str:
     return f"{v:{spec}}{unit}"
 
 
-class GPUPanel(W.VBox):
+class GPUPanel(Flushes, W.VBox):
     """Live telemetry. GPUPanel() follows get_sampler(); pass `sampler=` to use another (tests).
 
     `window`: how many samples the plots keep (300 at the default 1 s interval = 5 minutes).
@@ -143,13 +143,6 @@ class GPUPanel(W.VBox):
             self._flusher.flush_now()
         else:
             self._flusher.maybe_flush()
-
-    def flush(self) -> None:
-        self._flusher.flush_now()
-
-    @property
-    def flushes(self) -> int:
-        return self._flusher.flushes
 
     # --- drawing ---------------------------------------------------------------------------------
     def _redraw(self) -> None:

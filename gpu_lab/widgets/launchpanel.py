@@ -19,6 +19,7 @@ from typing import Any, Callable
 import ipywidgets as W
 
 from ..config import TrainConfig
+from ..stream.events import FINAL_STATUSES
 from .dashboard import Dashboard
 
 #: Form sections (field order within a section follows this list; fields that no section names
@@ -256,8 +257,7 @@ class LaunchPanel(W.VBox):
     # --- buttons -----------------------------------------------------------------------------------
     @property
     def active(self) -> bool:
-        return self.run is not None and getattr(self.run, "status", None) not in (
-            "succeeded", "failed", "stopped", "lost")
+        return self.run is not None and getattr(self.run, "status", None) not in FINAL_STATUSES
 
     def _sync_buttons(self) -> None:
         active = self.active

@@ -16,8 +16,8 @@ import ipywidgets as W
 
 from ..stream import events as ev
 from ..stream.events import FINAL_STATUSES
-from ..stream.history import MetricHistory
-from .throttle import MAX_HZ, Flusher
+from ..stream.history import MetricHistory, minmax_indices
+from .throttle import MAX_HZ, Flusher, FollowsRun
 
 LOSS = "loss"
 MEAN = -1  # the "rank" of the mean-of-ranks trace
@@ -55,34 +55,11 @@ def as_dates(seconds: Any) -> Any:
 
 
 def decimate(x: Any, y: Any, n: int) -> tuple[Any, Any]:
-    """numpy twin of gpu_lab.stream.history.decimate_minmax (same points, same order: first, then
-    each bucket's min and max in x order, then last), ~30x faster on a few thousand points, which
-    is what lets a redraw stay a few milliseconds of the kernel's CPU."""
+    """x, y (numpy arrays) reduced to at most n points (gpu_lab.stream.history.minmax_indices)."""
     import numpy as np
 
-    x = np.asarray(x, dtype=float)
-    y = np.asarray(y, dtype=float)
-    m = len(x)
-    if m <= n:
-        return x, y
-    buckets = (n - 2) // 2
-    inner = m - 2
-    lo = 1 + (np.arange(buckets) * inner) // buckets
-    hi = 1 + (np.arange(1, buckets + 1) * inner) // buckets
-    width = int((hi - lo).max())
-    cols = np.arange(width)
-    pos = lo[:, None] + cols[None, :]            # bucket b's indices, padded to equal width
-    valid = pos < hi[:, None]
-    vals = y[np.minimum(pos, m - 1)]
-    # argmin/argmax return the first occurrence, as min()/max() do; padding never wins
-    imin = np.take_along_axis(pos, np.argmin(np.where(valid, vals, np.inf), 1)[:, None], 1)
-    imax = np.take_along_axis(pos, np.argmax(np.where(valid, vals, -np.inf), 1)[:, None], 1)
-    nonempty = hi > lo
-    a, b = imin[nonempty, 0], imax[nonempty, 0]
-    # buckets are disjoint and in order: each one's two indices, smaller first, are already sorted
-    pair = np.stack((np.minimum(a, b), np.maximum(a, b)), axis=1)
-    keep = pair.ravel()[np.stack((np.ones(len(a), bool), a != b), axis=1).ravel()]
-    idx = np.concatenate(([0], keep, [m - 1]))
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    idx = minmax_indices(y, n)
     return x[idx], y[idx]
 
 
@@ -106,7 +83,7 @@ def mean_of_ranks(series: list[tuple[Any, Any, Any]]) -> tuple[Any, Any, Any]:
     return steps0, times0, acc / n
 
 
-class LivePlot(W.VBox):
+class LivePlot(FollowsRun, W.VBox):
     """Live training curves of one run.
 
     LivePlot(run) follows a launched Run (its `metrics` history and event stream). LivePlot()
@@ -199,27 +176,12 @@ class LivePlot(W.VBox):
         """Follow the run: its events mark the plot dirty, the receiver's tick redraws."""
         if self._attached or self.run is None:
             return
-        from ..stream.receiver import get_receiver
-
-        self.run.subscribe(self.on_events)
-        get_receiver().add_tick(self.tick)
-        self._attached = True
+        super().attach()
         # Whatever arrived between the last draw and now (the run may even have ended meanwhile)
         # is in the run's history: draw it at the next tick; a run that has ended is then left.
         self._flusher.mark()
         if getattr(self.run, "status", None) in FINAL_STATUSES:
             self._final = True
-
-    def detach(self) -> None:
-        if not self._attached:
-            return
-        from ..stream.receiver import get_receiver
-
-        unsub = getattr(self.run, "unsubscribe", None)
-        if unsub is not None:
-            unsub(self.on_events)
-        get_receiver().remove_tick(self.tick)
-        self._attached = False
 
     def on_events(self, events: Iterable[dict]) -> None:
         """Receive a batch of events (any thread). Cheap: no drawing happens here."""
@@ -245,14 +207,6 @@ class LivePlot(W.VBox):
             self.detach()
             return
         self._flusher.maybe_flush()
-
-    def flush(self) -> None:
-        """Redraw now (the kernel's main thread: construction and the toggles)."""
-        self._flusher.flush_now()
-
-    @property
-    def flushes(self) -> int:
-        return self._flusher.flushes
 
     # --- drawing -----------------------------------------------------------------------------------
     def _on_control(self, change: dict) -> None:

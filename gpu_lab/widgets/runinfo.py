@@ -14,7 +14,7 @@ import ipywidgets as W
 
 from ..stream import events as ev
 from ..stream.events import FINAL_STATUSES
-from .throttle import Flusher
+from .throttle import Flusher, FollowsRun
 
 STATUS_COLORS = {"pending": "#555", "running": "#1a7f37", "stopping": "#9a6700",
                  "succeeded": "#0969da", "failed": "#b00", "stopped": "#9a6700", "lost": "#b00"}
@@ -87,7 +87,7 @@ def error_html(err: Any) -> str:
     return "".join(out)
 
 
-class RunInfo(W.VBox):
+class RunInfo(FollowsRun, W.VBox):
     """Status line + per-rank log tails + error box of one run."""
 
     def __init__(self, run: Any, *, log_lines: int = 15, log_every: float = 2.0,
@@ -125,28 +125,6 @@ class RunInfo(W.VBox):
             fn(self.run)
 
     # --- following the run -------------------------------------------------------------------------
-    def attach(self) -> None:
-        if self._attached:
-            return
-        from ..stream.receiver import get_receiver
-
-        sub = getattr(self.run, "subscribe", None)
-        if sub is not None:
-            sub(self.on_events)
-        get_receiver().add_tick(self.tick)
-        self._attached = True
-
-    def detach(self) -> None:
-        if not self._attached:
-            return
-        from ..stream.receiver import get_receiver
-
-        unsub = getattr(self.run, "unsubscribe", None)
-        if unsub is not None:
-            unsub(self.on_events)
-        get_receiver().remove_tick(self.tick)
-        self._attached = False
-
     def on_events(self, events: list) -> None:
         for e in events:
             if e.get("kind") in (ev.STATUS, ev.ERROR, ev.METRIC, ev.LOG, ev.DROPPED):

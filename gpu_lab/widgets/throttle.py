@@ -95,3 +95,53 @@ class Flusher:
 
     def __repr__(self) -> str:
         return f"Flusher(flushes={self.flushes}, dirty={self._dirty}, max_share={self.max_share})"
+
+
+class Flushes:
+    """A view that redraws through `self._flusher` (a Flusher)."""
+
+    _flusher: Flusher
+
+    def flush(self) -> None:
+        """Redraw now (the kernel's main thread: construction and the toggles)."""
+        self._flusher.flush_now()
+
+    @property
+    def flushes(self) -> int:
+        return self._flusher.flushes
+
+
+class FollowsRun(Flushes):
+    """A view that follows `self.run`: its `on_events` gets the run's events and its `tick` runs
+    on the receiver's thread about every 0.25 s, until `detach()`."""
+
+    run: object
+    _attached: bool = False
+
+    def attach(self) -> None:
+        if self._attached or self.run is None:
+            return
+        from ..stream.receiver import get_receiver
+
+        sub = getattr(self.run, "subscribe", None)
+        if sub is not None:
+            sub(self.on_events)
+        get_receiver().add_tick(self.tick)
+        self._attached = True
+
+    def detach(self) -> None:
+        if not self._attached:
+            return
+        from ..stream.receiver import get_receiver
+
+        unsub = getattr(self.run, "unsubscribe", None)
+        if unsub is not None:
+            unsub(self.on_events)
+        get_receiver().remove_tick(self.tick)
+        self._attached = False
+
+    def on_events(self, events: list) -> None:  # pragma: no cover - every view defines it
+        raise NotImplementedError
+
+    def tick(self) -> None:  # pragma: no cover - every view defines it
+        raise NotImplementedError
