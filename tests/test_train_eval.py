@@ -103,6 +103,48 @@ def test_evaluation_counts_every_sample_exactly_once(case, world, request):
     assert {x for e in evals for x in e["markers"]} == {0.0}
 
 
+def test_each_rank_share_of_a_loader_partitions_it(data):
+    """eval_batches in one process, for 1 to 3 ranks: the shares of a shuffled DataLoader, of an
+    uncollated one, of one with a DistributedSampler (it would pad) and of an IterableDataset
+    together hold every sample once; samplers that draw at random, and resampled shard loaders,
+    are refused."""
+    from torch.utils.data import (DataLoader, DistributedSampler, IterableDataset, TensorDataset,
+                                  WeightedRandomSampler)
+
+    from gpu_lab.data import shard_loader
+    from gpu_lab.train.evaluation import eval_batches
+
+    ds = TensorDataset(torch.zeros(23, 1), torch.arange(23))
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter([(torch.zeros(1), i) for i in range(23)])
+
+    def labels(batches) -> list[int]:
+        return [int(v) for _, y in batches for v in y.reshape(-1)]
+
+    for world in (1, 2, 3):
+        makers = {"shuffled": lambda r: DataLoader(ds, batch_size=4, shuffle=True),
+                  "uncollated": lambda r: DataLoader(ds, batch_size=None),
+                  "distributed": lambda r: DataLoader(ds, batch_size=4, sampler=DistributedSampler(
+                      ds, num_replicas=world, rank=r, shuffle=True)),
+                  "iterable": lambda r: Stream()}
+        for name, make in makers.items():
+            got = []
+            for rank in range(world):
+                share = eval_batches(make(rank), rank=rank, world=world, batch_size=4,
+                                     num_workers=0, seed=0)
+                got += labels(share)
+            assert sorted(got) == list(range(23)), f"{name} on {world} ranks"
+    weighted = DataLoader(ds, sampler=WeightedRandomSampler([1.0] * 23, 23))
+    with pytest.raises(ValueError, match="eval_data: the DataLoader's WeightedRandomSampler"):
+        eval_batches(weighted, rank=0, world=1, batch_size=4, num_workers=0, seed=0)
+    resampled = shard_loader(str(data / "train_shards"), 4, image_size=8, num_workers=0,
+                             resampled=True, rank=0, world_size=2)
+    with pytest.raises(ValueError, match="eval_data: a resampled shard loader"):
+        eval_batches(resampled, rank=0, world=2, batch_size=4, num_workers=0, seed=0)
+
+
 # ------------------------------------------------------------------------------ real images
 
 @pytest.fixture(scope="module")

@@ -104,9 +104,14 @@ def _fixed_order(sampler):
 
 
 def _strided(loader, rank: int, world: int):
-    """A copy of map-style `loader` that loads only rank `rank`'s batches."""
+    """A copy of map-style `loader` that loads only rank `rank`'s batches (on one rank: `loader`
+    itself, once its sampler passed the same checks)."""
     from torch.utils.data import BatchSampler, DataLoader
 
+    if world == 1:
+        batches = loader.batch_sampler
+        _fixed_order(loader.sampler if batches is None else getattr(batches, "sampler", None))
+        return loader
     kw: dict[str, Any] = dict(num_workers=loader.num_workers, collate_fn=loader.collate_fn,
                               pin_memory=loader.pin_memory, timeout=loader.timeout,
                               worker_init_fn=loader.worker_init_fn,
