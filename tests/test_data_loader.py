@@ -9,6 +9,7 @@ import sys
 import tarfile
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
@@ -224,6 +225,7 @@ def test_shard_truncated_while_two_workers_read_it_is_a_shard_error(long_shards,
           else members["00150.cls"].offset)  # a cut a block-wise copy can make
     loader = shard_loader(bad, 2, train=False, image_size=16, num_workers=2, rank=0, world_size=1,
                           handler=handler, return_keys=True, prefetch_factor=2)
+    children = {p.pid for p in psutil.Process().children()}
     it = iter(loader)
     keys = list(next(it)[2])  # worker 0 has opened shard 0 and read its first samples
     os.truncate(victim, at)
@@ -231,6 +233,8 @@ def test_shard_truncated_while_two_workers_read_it_is_a_shard_error(long_shards,
         with pytest.raises(ShardError, match=rf"shard {victim}: (TarFormatError|EOFError)"):
             for batch in it:
                 keys += batch[2]
+        # the workers are stopped with the error, not whenever the garbage collector gets to them
+        assert {p.pid for p in psutil.Process().children()} <= children
         return
     for batch in it:
         keys += batch[2]

@@ -47,6 +47,7 @@ import logging
 import math
 import multiprocessing as mp
 import random
+import traceback
 from itertools import islice
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
@@ -419,8 +420,17 @@ class ShardLoader:
             # every rank stops after exactly the same number of batches (each worker yields a few
             # more than its share; the leftovers are dropped with the iterator)
             it = islice(it, self.batches_per_epoch)
-        for batch in it:
-            yield self._finish(batch)
+        try:
+            for batch in it:
+                yield self._finish(batch)
+        except Exception as exn:
+            # a worker's error (a ShardError) comes with frames that hold the DataLoader iterator
+            # in a reference cycle: freed only by the cycle collector, at some later moment, and
+            # then it waits 5 s per worker to stop them. Dropped now, it stops them at once.
+            traceback.clear_frames(exn.__traceback__)
+            raise
+        finally:
+            del it
 
     def _new_ring(self) -> BatchRing | None:
         """Shared batch slots for this epoch's workers, when they will inherit them (fork)."""
