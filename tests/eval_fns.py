@@ -209,7 +209,7 @@ def write_digits(root: Path, n_val: int = 297) -> tuple[int, int]:
             d = root / "images" / split / str(digits.target[i])
             d.mkdir(parents=True, exist_ok=True)
             pixels = (digits.images[i] * (255 / 16)).round().astype(np.uint8)  # 0..16 -> 0..255
-            Image.fromarray(pixels, mode="L").save(d / f"{i:04d}.png")
+            Image.fromarray(pixels).save(d / f"{i:04d}.png")  # 2-D uint8: greyscale
         write_shards(root / "images" / split, root / "shards" / split, maxcount=400,
                      progress=False)
     return len(splits["train"]), n_val
