@@ -607,8 +607,7 @@ def storage_suggestions(reason: str | None = "space", folder: str | None = None,
     """What to try when a checkpoint does not fit or cannot be written, cheapest first."""
     where = folder or "output_dir"
     each = f" (each one is about {fmt_bytes(needed)})" if needed is not None else ""
-    other = ("point output_dir at a file system with room (a scratch or data volume; `df -h` lists "
-             "them) and resume from the last checkpoint there")
+    other = "point output_dir at a file system with room (a scratch or data volume; `df -h` lists them)"
     if reason in ("read-only", "permission", "missing"):
         first = {"read-only": f"{where} is on a read-only file system: remount it read-write or "
                               f"mount a writable volume there (containers often mount data "
@@ -621,7 +620,7 @@ def storage_suggestions(reason: str | None = "space", folder: str | None = None,
     room = (f"it has {fmt_bytes(free)} free, the checkpoint needs about {fmt_bytes(needed)}; "
             if free is not None and needed is not None else "")
     return [f"free space in {where}: {room}delete old runs or checkpoints you no longer need "
-            f"(`du -sh {where}/..`, `df -h {where}`)",
+            f"(`df -h {where}` shows the file system, `du -sh <folder>/*` what fills it)",
             (f"lower keep_last (now {keep_last}) so fewer checkpoints stay on disk{each}"
              if keep_last is not None else f"lower keep_last so fewer checkpoints stay on disk{each}"),
             other]
