@@ -499,8 +499,8 @@ def _evaluate(acc, model, loader, loss_fn, run: _Run, state: TrainState, cbs) ->
     run.last_eval_step = state.step
     state.metrics.update(metrics)
     report(step=state.step, **metrics)
-    if state.config.tensorboard:
-        acc.log(metrics, step=state.step)
+    if state.config.tensorboard:  # the curves; the sample count is in the stream and the summary
+        acc.log({k: v for k, v in metrics.items() if k != "eval_samples"}, step=state.step)
     cbs.call("on_eval_end", state, metrics)
     return metrics
 
