@@ -73,10 +73,11 @@ ALIASES = {
 
 def _f(default: Any, help: str, *, choices: type[StrEnum] | tuple | None = None,
        lo: float | None = None, hi: float | None = None, optional: bool = False,
-       lo_open: bool = False, form: bool = True) -> Any:
-    """A dataclass field with the metadata that validation and the form widget read."""
+       lo_open: bool = False, form: bool = True, path: bool = False) -> Any:
+    """A dataclass field with the metadata that validation and the form widget read. `path`: a
+    file system path, never blank (an optional one may be left empty: None)."""
     meta = {"help": help, "choices": choices, "lo": lo, "hi": hi, "optional": optional,
-            "lo_open": lo_open, "form": form}
+            "lo_open": lo_open, "form": form, "path": path}
     return field(default=default, metadata=meta)
 
 
@@ -89,7 +90,7 @@ class TrainConfig:
                     "on a CPU; resnet18/resnet50/vgg16/vit_b_16 are torchvision's, randomly initialised.",
                     choices=MODEL_NAMES)
     data_dir: str | None = _f(None, "ImageFolder or WebDataset shard directory. Empty: gpu_lab makes "
-                              "a synthetic image set (no download).", optional=True)
+                              "a synthetic image set (no download).", optional=True, path=True)
     image_size: int = _f(32, "Input image side in pixels (seed 000 §2.2 sweeps 224 → 512 on a GPU).",
                          lo=8, hi=4096)
     num_classes: int = _f(10, "Number of classes.", lo=2, hi=100_000)
@@ -143,7 +144,8 @@ class TrainConfig:
     seed: int = _f(42, "Random seed for Python, NumPy, torch and data order.", lo=0, hi=2**32 - 1)
     # --- checkpoints, logging, guards ------------------------------------------------------------
     output_dir: str = _f("gpu_lab_runs", "Where checkpoints, TensorBoard logs and traces go. "
-                         "gpu_lab.launch gives every run a folder of its own inside it.")
+                         "gpu_lab.launch gives every run a folder of its own inside it.",
+                         path=True)
     checkpoint_every: int = _f(0, "Save a checkpoint every N optimizer steps; 0: only at the end "
                                "and on preemption.", lo=0, hi=10**9)
     keep_last: int = _f(3, "How many complete checkpoints to keep.", lo=1, hi=10_000)
@@ -284,6 +286,11 @@ def _validate_field(f: dataclasses.Field, value: Any) -> Any:
             value = value.value
         if not isinstance(value, str):
             raise TypeError(f"{name}: got {value!r} ({type(value).__name__}); expected a string")
+        if m.get("path") and not value.strip():
+            # "" would mean the current directory to os and pathlib: never what a user meant
+            raise ValueError(f"{name}: got {value!r}; expected a folder path, e.g. "
+                             f"{f.default if isinstance(f.default, str) else 'data/images'!r}"
+                             + ("; leave it empty (None) for synthetic data" if m["optional"] else ""))
     choices = m["choices"]
     if choices is not None:
         allowed = choices.choices() if isinstance(choices, type) else list(choices)

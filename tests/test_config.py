@@ -37,6 +37,9 @@ BAD_CONFIGS = [
     ({"max_steps": 0}, ValueError, "max_steps"),
     ({"image_size": 4}, ValueError, "image_size"),
     ({"num_classes": 1}, ValueError, "num_classes"),
+    ({"output_dir": ""}, ValueError, "output_dir"),  # "" is the current directory to os
+    ({"output_dir": "  "}, ValueError, "output_dir"),
+    ({"data_dir": " "}, ValueError, "data_dir"),
 ]
 
 
@@ -107,3 +110,12 @@ def test_bad_launch_arguments_fail_before_anything_starts(kw, exc, needle, gpu_l
     with pytest.raises(exc, match=needle):
         gpu_lab.launch(fn, **kw)
     assert not (gpu_lab_home / "runs").exists() or not any((gpu_lab_home / "runs").iterdir())
+
+
+def test_blank_paths_are_refused_but_an_empty_data_dir_means_synthetic_data():
+    with pytest.raises(ValueError, match=r"TrainConfig.output_dir: got ''; expected a folder path"):
+        TrainConfig(output_dir="")
+    with pytest.raises(ValueError, match=r"TrainConfig.data_dir: got ' '.*empty \(None\) for "
+                                         r"synthetic data"):
+        TrainConfig(data_dir=" ")
+    assert TrainConfig(data_dir="").data_dir is None  # the form's empty field

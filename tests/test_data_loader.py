@@ -9,6 +9,7 @@ import sys
 import tarfile
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
@@ -195,6 +196,89 @@ def test_corrupt_tar_header_is_caught(shards, tmp_path):
     victim.write_bytes(bytes(raw))
     with pytest.raises(ShardError, match=rf"shard {victim}: TarFormatError: corrupt tar header"):
         list(shard_loader(bad, 8, train=False, image_size=16, num_workers=0, rank=0, world_size=1))
+
+
+@pytest.fixture(scope="module")
+def long_shards(images, tmp_path_factory):
+    """2 shards of 300 samples (the 100 images three times over): longer than what a worker reads
+    ahead, so a worker is still reading a shard when the test receives its first batch."""
+    files = sorted(p for p in images.rglob("*") if p.is_file())
+    samples = [{"__key__": f"{i:05d}", "jpg": files[i % 100].read_bytes(), "cls": 0}
+               for i in range(600)]
+    out = tmp_path_factory.mktemp("long") / "s"
+    write_shards(samples, out, maxcount=300, progress=False)
+    return out
+
+
+@pytest.mark.parametrize("cut", ["inside an image", "between the members of a sample"])
+@pytest.mark.parametrize("handler", ["raise", "warn"])
+def test_shard_truncated_while_two_workers_read_it_is_a_shard_error(long_shards, tmp_path,
+                                                                      handler, cut):
+    """The shard shrinks under a running worker: a ShardError naming it ('raise'), or a counted
+    skip ('warn'), and no worker killed by a signal (a memory-mapped shard gave SIGBUS here)."""
+    bad = tmp_path / "bad"
+    m = _copy_shards(long_shards, bad)
+    victim = bad / m.shards[0].name
+    with tarfile.open(victim) as t:
+        members = {x.name: x for x in t}
+    at = (members["00150.jpg"].offset_data + 100 if cut == "inside an image"
+          else members["00150.cls"].offset)  # a cut a block-wise copy can make
+    loader = shard_loader(bad, 2, train=False, image_size=16, num_workers=2, rank=0, world_size=1,
+                          handler=handler, return_keys=True, prefetch_factor=2)
+    children = {p.pid for p in psutil.Process().children()}
+    it = iter(loader)
+    keys = list(next(it)[2])  # worker 0 has opened shard 0 and read its first samples
+    os.truncate(victim, at)
+    if handler == "raise":
+        with pytest.raises(ShardError, match=rf"shard {victim}: (TarFormatError|EOFError)"):
+            for batch in it:
+                keys += batch[2]
+        # the workers are stopped with the error, not whenever the garbage collector gets to them
+        assert {p.pid for p in psutil.Process().children()} <= children
+        return
+    for batch in it:
+        keys += batch[2]
+    assert loader.stats.errors == 1
+    # what the worker delivered of the shard: the samples before the cut (the one just before a
+    # cut inside a member is counted lost with it: it is only known whole when the next begins)
+    got = sorted(k for k in keys if int(k) < 300)
+    assert got == [f"{i:05d}" for i in range(len(got))] and len(got) in (149, 150)
+    assert loader.stats.skipped_samples == 300 - len(got)  # every sample counted exactly once
+    assert sorted(k for k in keys if int(k) >= 300) == [f"{i:05d}" for i in range(300, 600)]
+
+
+def test_vanished_shard_is_a_shard_error_or_a_counted_skip(shards, tmp_path):
+    bad = tmp_path / "bad"
+    m = _copy_shards(shards, bad)
+    gone = bad / m.shards[4].name
+    loader = shard_loader(bad, 8, train=False, image_size=16, num_workers=2, rank=0, world_size=1)
+    gone.unlink()  # after the loader was built, before a worker opens it
+    with pytest.raises(ShardError, match=rf"shard {gone}: FileNotFoundError"):
+        list(loader)
+    loader = shard_loader(bad, 8, train=False, image_size=16, num_workers=2, rank=0, world_size=1,
+                          handler="warn")
+    assert sum(len(y) for _, y in loader) == 100 - 12
+    assert (loader.stats.errors, loader.stats.skipped_samples) == (1, 12)
+
+
+@pytest.mark.parametrize("n_shards", [1, 2, 5])
+def test_eval_loader_reads_every_sample_once_over_ranks_and_workers(images, tmp_path, n_shards):
+    """train=False with any number of shards, fewer than ranks x workers included (then split by
+    sample): over all ranks every sample exactly once, and len(loader) is each rank's batches."""
+    out = tmp_path / "s"
+    write_shards(images, out, maxcount={1: 100, 2: 60, 5: 23}[n_shards], progress=False)
+    assert len(ShardManifest.load(out).shards) == n_shards  # 100; 60 + 40; 4 x 23 + 8
+    for world, workers in ((1, 0), (1, 2), (2, 0), (2, 2), (3, 2)):
+        keys = []
+        for rank in range(world):
+            loader = shard_loader(out, 7, train=False, image_size=16, num_workers=workers,
+                                  rank=rank, world_size=world, return_keys=True)
+            mine = [k for _, _, ks in loader for k in ks]
+            batches = -(-len(mine) // 7) if mine else 0
+            assert len(loader) >= batches and mine, (world, workers, rank)
+            assert sum(1 for _ in loader) == len(loader), "len(loader) is the batches delivered"
+            keys += mine
+        assert sorted(keys) == _all_keys(100), f"{world} ranks x {workers} workers"
 
 
 # ------------------------------------------------------------------------------ ranks, DDP

@@ -463,6 +463,17 @@ def test_dashboard_of_a_finished_run_from_the_registry(gpu_lab_home):
         Dashboard(42)
 
 
+def test_dashboard_status_shows_the_accuracy_and_the_samples_it_covers(gpu_lab_home):
+    reg = Registry()
+    reg.create_run("eval-run", name="eval", num_processes=2, status="succeeded")
+    reg.add_metrics([("eval-run", r, 10, 1000.0, name, value) for r in (0, 1)
+                     for name, value in (("loss", 0.5), ("accuracy", 0.9125),
+                                         ("eval_samples", 297))])
+    d = Dashboard("eval-run")
+    assert "accuracy 0.9125 on 297 samples" in d.info.status_line.value
+    d.close()
+
+
 def test_dashboard_of_a_live_run_stops_telemetry_at_the_end():
     from gpu_lab.telemetry import sampler as sampler_mod
 

@@ -4,7 +4,7 @@ The pipeline, per DataLoader worker, as small stages (webdataset's style):
 
     shard list ─ shuffle (same order on every rank, new each epoch) ─ split_by_node ─ split_by_worker
        (or: resampled, an endless random draw of shards per rank and worker)
-    ─ read tar (.tar mapped into memory; .tar.gz, .tar.zst streamed) ─ group members into samples
+    ─ read tar (.tar: one readv per member; .tar.gz, .tar.zst streamed) ─ group members into samples
     ─ shuffle buffer ─ in bursts of 64 ─ decode (torchvision.io) ─ v2 transforms on uint8
     ─ uint8 batch, stacked into a reused shared-memory slot (`BatchRing`)
     → DataLoader(batch_size=None): worker processes, prefetch, pinned memory
@@ -27,12 +27,17 @@ Rules it enforces:
   `resampled=True` draws shards with replacement and cuts every rank at the same number of batches
   (`epoch_size` samples per epoch over all ranks; webdataset's `with_epoch`, applied per worker and
   again per rank), which is what a DDP training loop needs.
-- **Too few shards:** without resampling, fewer shards than ranks x workers would leave some reader
-  idle (and, under DDP, hang the others): that is an error with the numbers, before any worker starts.
+- **Too few shards:** for training without resampling, fewer shards than ranks x workers would
+  leave some reader idle (and, under DDP, hang the others): that is an error with the numbers,
+  before any worker starts. An evaluation loader (`train=False`) splits by sample instead where a
+  level (ranks, then a rank's workers) has fewer shards than readers: every reader of that level
+  reads all of its shards and keeps every n-th sample, so any number of shards is read exactly once.
 - **Errors name the shard:** by default (`handler="raise"`) the first unreadable shard or sample
   raises `ShardError("shard <path>: ...")`; `handler="warn"` logs it, skips it and counts what was
   skipped in `loader.stats` (shared by all worker processes). With a manifest, a truncated shard
-  counts every sample it lost, not just one.
+  counts every sample it lost, not just one. A shard that shrinks while a worker reads it, or
+  vanishes before, is a ShardError like any other: plain tar shards are read (`tario.
+  iter_file_members`), never memory-mapped, so a truncation cannot kill a worker with SIGBUS.
 
 Do not pass the loader through `accelerator.prepare`: it already splits the data by rank.
 """
@@ -42,6 +47,7 @@ import logging
 import math
 import multiprocessing as mp
 import random
+import traceback
 from itertools import islice
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
@@ -198,60 +204,90 @@ class ShardDataset(IterableDataset):
             random.Random(f"{self.seed}/{epoch}").shuffle(order)
         return order
 
-    def assigned(self, epoch: int, worker: int, num_workers: int) -> list[str]:
-        """The shards that (this rank, `worker`) reads in `epoch` when not resampled:
-        split_by_node, then split_by_worker, over the shared order."""
-        by_node = self.epoch_order(epoch)[self.rank::self.world_size]
-        return by_node[worker::num_workers]
+    def share(self, epoch: int, worker: int, num_workers: int) -> tuple[list[str], int, int]:
+        """(shards, stride, offset): what (this rank, `worker`) reads in `epoch` when not
+        resampled, and of their samples (counted in that order) the ones at `offset` modulo
+        `stride`. Whole shards while there are enough: split_by_node, then split_by_worker, over
+        the shared order (stride 1). Where a level has fewer shards than readers (an evaluation set
+        of a few shards), every reader of that level reads all of them and keeps every n-th sample."""
+        shards, stride, offset = self.epoch_order(epoch), 1, 0
+        for part, parts in ((self.rank, self.world_size), (worker, num_workers)):
+            if stride == 1 and len(shards) >= parts:
+                shards = shards[part::parts]
+            else:
+                offset += stride * part
+                stride *= parts
+        return shards, stride, offset
 
-    def _shards(self, worker: int, num_workers: int, rng: random.Random) -> Iterator[str]:
-        if not self.resampled:
-            yield from self.assigned(self.epoch, worker, num_workers)
-            return
+    def assigned(self, epoch: int, worker: int, num_workers: int) -> list[str]:
+        """The shards that (this rank, `worker`) reads in `epoch` when not resampled."""
+        return self.share(epoch, worker, num_workers)[0]
+
+    def _resampled(self, rng: random.Random) -> Iterator[str]:
         while True:  # endless; the loader stops every rank after the same number of batches
             yield rng.choice(self.urls)
 
     # -- stages -----------------------------------------------------------------------------
-    def _read(self, shards: Iterable[str]) -> Iterator[dict]:
-        """Tar members → samples {'__key__', '__url__', ext: data}, grouped by key; the data are
-        views of the mapped shard file for plain tar shards, bytes for compressed ones."""
+    def _read(self, shards: Iterable[str], stride: int = 1, offset: int = 0) -> Iterator[dict]:
+        """Tar members → samples {'__key__', '__url__', ext: data}, grouped by key (data: a
+        bytearray per member for plain tar shards, bytes for compressed ones); of the samples,
+        counted over `shards` in order, those at `offset` modulo `stride`."""
         failures_in_a_row = 0
+        start = 0  # the stream position of the shard's first sample
         for url in shards:
             n = 0
             expected = self.counts.get(url)
             try:
                 with shard_members(url) as members:
                     current: dict | None = None
+                    previous: dict | None = None
                     for name, data in members:
                         prefix, suffix = split_key(name)
                         if prefix is None:
                             continue
                         if current is None or current["__key__"] != prefix:
                             if current is not None:
+                                if (start + n) % stride == offset:
+                                    yield current
                                 n += 1
-                                yield current
+                            previous = current
                             current = {"__key__": prefix, "__url__": url}
                         current[suffix.lower()] = data
-                    if current is not None:
+                    # a shard cut between two members of its last sample ends cleanly for tar;
+                    # when the manifest says it is short, a last sample with fewer members than
+                    # the one before it is part of what was lost, not a bad sample of its own
+                    if current is not None and not (
+                            expected is not None and n + 1 < expected and previous is not None
+                            and current.keys() != previous.keys()):
+                        if (start + n) % stride == offset:
+                            yield current
                         n += 1
-                        yield current
                 if expected is not None and n < expected:
                     raise EOFError(f"ended after {n} of the {expected} samples the manifest lists "
                                    f"(truncated?)")
                 failures_in_a_row = 0
             except Exception as exn:  # any read error of this shard goes to the policy, named
-                lost = max(expected - n, 1) if expected is not None else 1
+                # one error, counted by the reader whose share the failure hit (of the readers
+                # that share a shard by sample); the samples lost: with a manifest, this reader's
+                # share of what the shard did not deliver, else at least the one that failed
+                counted = (start + n) % stride == offset
+                first = start + n + (offset - start - n) % stride
+                lost = (len(range(first, start + expected, stride)) if expected is not None
+                        else int(counted))
                 err = ShardError(f"shard {url}: {type(exn).__name__}: {exn} "
                                  f"(after {n} samples; {lost} lost)")
                 err.__cause__ = exn
                 go_on = self.handler(err)  # raises under the default policy
-                self.stats.add(skipped=lost)
+                self.stats.add(skipped=lost, errors=int(counted))
                 if not go_on:
                     return
                 failures_in_a_row += 1
                 if self.resampled and failures_in_a_row >= max(20, 2 * len(self.urls)):
                     raise ShardError(f"shard {url}: {failures_in_a_row} shard reads failed in a row; "
                                      f"giving up (are all {len(self.urls)} shards bad?)") from exn
+            # every reader of a shard counts the samples the manifest lists, so the readers that
+            # share it keep agreeing on the positions after a truncated one
+            start += expected if expected is not None else n
 
     def _decode(self, samples: Iterable[dict]) -> Iterator[tuple[torch.Tensor, int, str]]:
         for s in samples:
@@ -303,7 +339,10 @@ class ShardDataset(IterableDataset):
         rng = random.Random(tag)
         if info is not None:  # only in a worker process: never reseed the training process
             torch.manual_seed(random.Random(tag + "/torch").getrandbits(63))
-        samples: Iterable = self._read(self._shards(worker, num_workers, rng))
+        if self.resampled:
+            samples: Iterable = self._read(self._resampled(rng))
+        else:
+            samples = self._read(*self.share(self.epoch, worker, num_workers))
         if self.train and self.shuffle_buffer > 1:
             samples = wds.shuffle(self.shuffle_buffer, min(100, self.shuffle_buffer), rng=rng)(samples)
         samples = in_bursts(samples, BURST)
@@ -367,8 +406,10 @@ class ShardLoader:
             raise TypeError("length unknown: these shards have no manifest with sample counts "
                             "(write them with write_shards, or pass resampled=True and epoch_size)")
         total = 0
-        for w in range(max(1, self.num_workers)):
-            n = sum(ds.counts[u] for u in ds.assigned(self.epoch, w, max(1, self.num_workers)))
+        workers = max(1, self.num_workers)
+        for w in range(workers):
+            shards, stride, offset = ds.share(self.epoch, w, workers)
+            n = len(range(offset, sum(ds.counts[u] for u in shards), stride))
             total += math.ceil(n / ds.batch_size) if ds.partial else n // ds.batch_size
         return total
 
@@ -387,8 +428,17 @@ class ShardLoader:
             # every rank stops after exactly the same number of batches (each worker yields a few
             # more than its share; the leftovers are dropped with the iterator)
             it = islice(it, self.batches_per_epoch)
-        for batch in it:
-            yield self._finish(batch)
+        try:
+            for batch in it:
+                yield self._finish(batch)
+        except Exception as exn:
+            # a worker's error (a ShardError) comes with frames that hold the DataLoader iterator
+            # in a reference cycle: freed only by the cycle collector, at some later moment, and
+            # then it waits 5 s per worker to stop them. Dropped now, it stops them at once.
+            traceback.clear_frames(exn.__traceback__)
+            raise
+        finally:
+            del it
 
     def _new_ring(self) -> BatchRing | None:
         """Shared batch slots for this epoch's workers, when they will inherit them (fork)."""
@@ -459,7 +509,8 @@ def shard_loader(urls: str | list, batch_size: int, train: bool = True, image_si
 
     urls: a shard directory (with write_shards' manifest, or any *.tar / *.tar.zst / *.tgz), a
         manifest path, a brace pattern (`dir/shard-{000000..000009}.tar`) or a list of paths.
-    train: shuffle shards and samples and augment; False: fixed order, eval transform.
+    train: shuffle shards and samples and augment; False: fixed order, eval transform, and any
+        number of shards (split by sample where there are fewer shards than readers).
     augment: "none" | "basic" (RandomResizedCrop + flip) | "autoaugment" (+ AutoAugment, RandomErasing).
     resampled, epoch_size: draw shards with replacement and give every rank exactly
         `epoch_size // (world_size * batch_size)` batches per epoch (`epoch_size` = samples per epoch
@@ -509,7 +560,7 @@ def shard_loader(urls: str | list, batch_size: int, train: bool = True, image_si
     rank, world_size = dist_info(rank, world_size)
     shards, manifest = resolve_shards(urls)
     readers = world_size * max(1, num_workers)
-    if not resampled and len(shards) < readers:
+    if train and not resampled and len(shards) < readers:
         raise ValueError(
             f"{len(shards)} shard(s) for {world_size} rank(s) x {max(1, num_workers)} worker(s) = "
             f"{readers} readers: every reader needs at least one shard, or it yields nothing (and "

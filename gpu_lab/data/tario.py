@@ -11,14 +11,16 @@ checksum (the byte sum through Adler-32: exact, and six times faster than `sum()
 `TarFormatError` on a corrupt header or a truncated member, so a bad shard is caught where it goes
 bad and not silently shortened.
 
-Two readers share that parsing: `iter_members` over a stream (gzip and zstd shards, any file
-object) returns each member's bytes; `iter_buffer_members` over a plain tar shard mapped into
-memory (`map_shard`) returns views of the page cache. `shard_members` picks one for a shard.
+Three readers share that parsing: `iter_file_members` over a plain tar file (one readv per member,
+straight into the member's own bytearray), `iter_members` over a stream (gzip and zstd shards, any
+file object) and `iter_buffer_members` over tar bytes already in memory (views, no copy).
+`shard_members` picks one for a shard. Shards are read, not memory-mapped: a file that another
+process truncates while it is mapped kills the reader with SIGBUS, where a read just comes back
+short and the reader raises TarFormatError naming the member.
 """
 from __future__ import annotations
 
 import gzip
-import mmap
 import os
 import stat
 import struct
@@ -58,29 +60,6 @@ def open_shard(url: str) -> IO[bytes]:
 
         return zstandard.ZstdDecompressor().stream_reader(fh, read_across_frames=True, closefd=True)
     return fh
-
-
-def map_shard(url: str) -> mmap.mmap | None:
-    """A plain (uncompressed) tar shard file mapped read-only, for `iter_buffer_members`; None for
-    a gzip or zstd shard, an empty file or anything but a regular file (read those through
-    `open_shard`).
-
-    The members then come straight out of the page cache: no read() copying every byte into the
-    process and no allocation per member. The loader, in a DataLoader worker on 160 px JPEGs,
-    against the pipeline limit's own loop in a worker on the same core (medians of 5 passes in
-    turns, one run): 0.969 reading mapped shards, 0.953 reading them through read(); the
-    copy-free reading alone was worth 2-4% of the worker's time in other runs. The one cost: a
-    file that another process truncates while it is mapped kills the reader with SIGBUS where
-    read() would have raised. Shards are written once (write_shards writes each to a temporary
-    name and renames it: rewriting a set under a running loader replaces files, it never
-    truncates a mapped one)."""
-    with open(_path(url), "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
-            return None
-        if _compressed(f.read(4)):
-            return None
-        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)  # the mapping outlives the fd
 
 
 def _complete(stream: IO[bytes], data: bytes, n: int) -> bytes:
@@ -174,16 +153,94 @@ def _name(name: bytes, ext: dict[str, str]) -> str:
 _REGULAR = (b"0", b"\0", b"7")  # regular file (7: contiguous file)
 
 
+def _entry(buf, pos: int, offset: int, ext: dict[str, str]) -> tuple[bytes, int, bytes, int] | None:
+    """(name, size, type flag, padded size) of the header at `buf[pos:]`, with the size a pax
+    record gave it; None at the end-of-archive block."""
+    head = _header(buf, pos, offset)
+    if head is None:
+        return None
+    name, size, kind = head
+    if ext and ext.get("size"):
+        size = int(ext["size"])
+    return name, size, kind, (size + _BLOCK - 1) // _BLOCK * _BLOCK
+
+
 @contextmanager
-def shard_members(url: str) -> Iterator[Iterator[tuple[str, bytes | memoryview]]]:
-    """The members of a shard as `(name, data)`: views of the mapped file for a plain tar
-    (`map_shard`, `iter_buffer_members`), else bytes read through `open_shard` (closed on exit)."""
-    mapped = map_shard(url)
-    if mapped is not None:
-        yield iter_buffer_members(mapped)  # unmapped once the last view of it is gone
-        return
+def shard_members(url: str) -> Iterator[Iterator[tuple[str, bytes | bytearray]]]:
+    """The members of a shard as `(name, data)`: a plain tar read with `iter_file_members` (one
+    readv per member, straight into each member's own bytearray), a compressed one (or any file
+    on a system without readv) through `open_shard` and `iter_members`. Closed on exit."""
+    with open(_path(url), "rb", buffering=0) as f:
+        fd = f.fileno()
+        if _READV and stat.S_ISREG(os.fstat(fd).st_mode) and not _compressed(os.pread(fd, 4, 0)):
+            yield iter_file_members(fd)
+            return
     with open_shard(url) as stream:
         yield iter_members(stream)
+
+
+_READV = hasattr(os, "readv") and hasattr(os, "pread")  # not on Windows: it streams instead
+_PAD = bytearray(_BLOCK)  # where the padding after a member's data goes (never read)
+_PADS = [memoryview(_PAD)[:n] for n in range(_BLOCK)]
+
+
+def _readv_full(fd: int, buffers: list, total: int = 0) -> int:
+    """os.readv until `buffers` are full or the file ends; the bytes read (`total` of them read
+    already). A regular file returns short reads only at its end, but not every file system says
+    so on the first short read."""
+    want = sum(map(len, buffers))
+    got = -1
+    if not total:
+        total = got = os.readv(fd, buffers)
+    while got and total < want:
+        rest, skip = [], total
+        for b in buffers:
+            if skip >= len(b):
+                skip -= len(b)
+                continue
+            rest.append(memoryview(b)[skip:])
+            skip = 0
+        got = os.readv(fd, rest)
+        total += got
+    return total
+
+
+def iter_file_members(fd: int) -> Iterator[tuple[str, bytearray]]:
+    """(name, data) of every regular file in the plain tar file open as `fd` (read from its current
+    position on), with the same checks as `iter_members`. One readv per member fills its data
+    (a bytearray of its own, which `transforms.decode` uses without a copy), skips its padding and
+    reads the next header. A file that shrinks while it is read ends with TarFormatError: reading,
+    unlike a memory mapping, cannot turn a truncation into SIGBUS."""
+    offset = 0
+    ext: dict[str, str] = {}
+    header = bytearray(_BLOCK)  # reused: _header copies out what it returns
+    readv = os.readv
+    got = _readv_full(fd, [header])
+    while True:
+        if got < _BLOCK:
+            if got == 0:
+                return  # EOF without the end-of-archive blocks: tolerated, as tarfile does
+            raise TarFormatError(f"truncated tar header at byte {offset} ({got} of 512 bytes)")
+        entry = _entry(header, 0, offset, ext)
+        if entry is None:
+            return  # end-of-archive marker
+        name, size, kind, padded = entry
+        offset += _BLOCK
+        data = bytearray(size)
+        parts = [data, _PADS[padded - size], header]
+        got = readv(fd, parts)
+        if got < padded + _BLOCK:  # the file ends here, or (rarely) a short read to complete
+            got = _readv_full(fd, parts, got)
+        if got < size:
+            raise TarFormatError(f"unexpected end of data in member {_name(name, ext)!r} at byte "
+                                 f"{offset} ({got} of {size} bytes)")
+        offset += padded
+        got = max(0, got - padded)  # what arrived of the next header
+        if kind in _REGULAR:
+            yield _name(name, ext), data
+        elif _extended(kind, data, ext):
+            continue
+        ext.clear()
 
 
 def iter_members(stream: IO[bytes]) -> Iterator[tuple[str, bytes]]:
@@ -200,14 +257,11 @@ def iter_members(stream: IO[bytes]) -> Iterator[tuple[str, bytes]]:
             if len(block) < _BLOCK:
                 raise TarFormatError(f"truncated tar header at byte {offset} ({len(block)} of 512 "
                                      f"bytes)")
-        head = _header(block, 0, offset)
-        if head is None:
+        entry = _entry(block, 0, offset, ext)
+        if entry is None:
             return  # end-of-archive marker
-        name, size, kind = head
+        name, size, kind, padded = entry
         offset += _BLOCK
-        if ext and ext.get("size"):
-            size = int(ext["size"])
-        padded = (size + _BLOCK - 1) // _BLOCK * _BLOCK
         data = read(padded)
         if len(data) != padded:
             data = _complete(stream, data, padded)
@@ -225,10 +279,11 @@ def iter_members(stream: IO[bytes]) -> Iterator[tuple[str, bytes]]:
         ext.clear()
 
 
-def iter_buffer_members(buf: bytes | mmap.mmap | memoryview) -> Iterator[tuple[str, memoryview]]:
-    """(name, data) of every regular file in tar bytes held in memory (a shard from `map_shard`),
-    in order, with the same checks as `iter_members`. Each data is a view of `buf`: no copy, and
-    it keeps `buf` alive (and mapped) while anything holds it."""
+def iter_buffer_members(buf: bytes | bytearray | memoryview) -> Iterator[tuple[str, memoryview]]:
+    """(name, data) of every regular file in tar bytes held in memory, in order, with the same
+    checks as `iter_members`. Each data is a view of `buf`: no copy, and it keeps `buf` alive while
+    anything holds it. (Over a memory-mapped file, a truncation by another process turns into
+    SIGBUS here: read files with `iter_file_members`.)"""
     view = memoryview(buf)
     end, pos = len(view), 0
     ext: dict[str, str] = {}
@@ -237,18 +292,16 @@ def iter_buffer_members(buf: bytes | mmap.mmap | memoryview) -> Iterator[tuple[s
             if pos == end:
                 return
             raise TarFormatError(f"truncated tar header at byte {pos} ({end - pos} of 512 bytes)")
-        head = _header(view, pos, pos)
-        if head is None:
+        entry = _entry(view, pos, pos, ext)
+        if entry is None:
             return
-        name, size, kind = head
+        name, size, kind, padded = entry
         pos += _BLOCK
-        if ext and ext.get("size"):
-            size = int(ext["size"])
         if end - pos < size:
             raise TarFormatError(f"unexpected end of data in member {_name(name, ext)!r} at byte "
                                  f"{pos} ({end - pos} of {size} bytes)")
         data = view[pos:pos + size]
-        pos = min(end, pos + (size + _BLOCK - 1) // _BLOCK * _BLOCK)
+        pos = min(end, pos + padded)
         if kind in _REGULAR:
             yield _name(name, ext), data
         elif _extended(kind, data, ext):

@@ -45,7 +45,8 @@ def decode(data: bytes | bytearray | memoryview) -> torch.Tensor:
     """Encoded JPEG/PNG/WebP bytes → uint8 tensor (3, H, W), RGB (grey and RGBA are converted)."""
     from torchvision.io import ImageReadMode, decode_image
 
-    buf = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    # a bytearray (what the shard reader fills) is used as it is; anything else is copied into one
+    buf = torch.frombuffer(data if type(data) is bytearray else bytearray(data), dtype=torch.uint8)
     return decode_image(buf, mode=ImageReadMode.RGB)
 
 

@@ -2,7 +2,8 @@
 
 For the three failures people meet most (seed 000 §4.1), the triage carries the exact numbers:
 out of memory (requested, free and total memory, the batch size), communication timeouts (the
-collective, its timeout, how long it ran) and data errors (the shard, the sample). `oom_report`,
+collective, its timeout, how long it ran) and data errors (the shard, the sample); storage errors
+carry the checkpoint, its folder and the bytes it needed and found free. `oom_report`,
 `comm_report` and `data_report` build those texts from numbers; `from_exception` finds the numbers in
 the exception, its traceback and what the training code `note()`d, inside the failing rank.
 """
@@ -20,9 +21,10 @@ from ..units import fmt_bytes, parse_size
 OOM = "out of memory"
 COMM = "communication"
 DATA = "data loading"
+STORAGE = "storage"
 USER = "user code"
 SIGNAL = "killed by a signal"
-CATEGORIES = (OOM, COMM, DATA, USER, SIGNAL)
+CATEGORIES = (OOM, COMM, DATA, STORAGE, USER, SIGNAL)
 
 _PATTERNS = (
     (OOM, ("OutOfMemoryError", "out of memory", "CUDA error: out of memory", "MemoryError",
@@ -32,6 +34,8 @@ _PATTERNS = (
             "Broken pipe", "Watchdog caught collective operation timeout")),
     (DATA, ("DataLoader worker", "webdataset", "ReadError", "tarfile", "UnidentifiedImageError",
             "shard", "decode", "truncated", "gpu_lab.data")),
+    (STORAGE, ("No space left on device", "Disk quota exceeded", "Read-only file system",
+               "os error 28")),
 )
 
 SUGGESTIONS = {
@@ -48,6 +52,9 @@ SUGGESTIONS = {
     DATA: ["the error names the shard or file: rebuild or remove it",
            "run the loader alone (gpu-lab bench loader) to reproduce without training",
            "use handler='warn' to skip and count bad samples while you investigate"],
+    STORAGE: ["free space where the run writes (`df -h <output_dir>`)",
+              "lower keep_last so fewer checkpoints stay on disk",
+              "point output_dir at a file system with room"],
     USER: ["read the traceback: the last frame in your training function is the place"],
     SIGNAL: ["SIGKILL without a Python traceback is usually the host's out-of-memory killer: "
              "check `dmesg`, `free -h`, and lower num_workers or batch_size",
@@ -94,6 +101,8 @@ class RankFailure:
 
 def categorize(type_name: str, message: str, traceback_text: str = "") -> str:
     text = f"{type_name}\n{message}\n{traceback_text[-4000:]}"
+    if "CheckpointStorageError" in text:  # the checkpoint writer's own verdict, on any rank
+        return STORAGE
     for category, needles in _PATTERNS:
         if any(n.lower() in text.lower() for n in needles):
             return category
@@ -540,6 +549,78 @@ def _data_sentence(shard, sample=None, file=None, samples_read=None, samples_los
     return s + "."
 
 
+def parse_storage(text: str) -> dict:
+    """The checkpoint, folder, bytes needed and free, and keep_last a storage error names (the
+    text of gpu_lab's CheckpointStorageError; any subset for other messages)."""
+    d: dict = {}
+    m = re.search(r"checkpoint (step_\d+):", text)
+    if m:
+        d["checkpoint"] = m.group(1)
+    for reason, pattern in (("space", r"not enough space in (.+?): it needs"),
+                            ("read-only", r"checkpoint step_\d+: (.+?) is on a read-only file system"),
+                            ("permission", r"no permission to write in (.+?): it needs"),
+                            ("missing", r"the folder (.+?) cannot be created")):
+        m = re.search(pattern, text)
+        if m:
+            d["reason"], d["folder"] = reason, m.group(1)
+            break
+    else:
+        if re.search(r"No space left on device|Disk quota exceeded|os error 28", text):
+            d["reason"] = "space"
+        elif "Read-only file system" in text:
+            d["reason"] = "read-only"
+    m = re.search(r"it needs about [^(]*\(([\d,]+) bytes\)", text)
+    if m:
+        d["needed_bytes"] = int(m.group(1).replace(",", ""))
+    m = re.search(r"; [^(;]*\(([\d,]+) bytes\) free", text)
+    if m:
+        d["free_bytes"] = int(m.group(1).replace(",", ""))
+    m = re.search(r"keep_last=(\d+)", text)
+    if m:
+        d["keep_last"] = int(m.group(1))
+    return d
+
+
+def storage_suggestions(reason: str | None = "space", folder: str | None = None,
+                        needed: int | None = None, free: int | None = None,
+                        keep_last: int | None = None) -> list[str]:
+    """What to try when a checkpoint does not fit or cannot be written, cheapest first."""
+    where = folder or "output_dir"
+    each = f" (each one is about {fmt_bytes(needed)})" if needed is not None else ""
+    other = "point output_dir at a file system with room (a scratch or data volume; `df -h` lists them)"
+    if reason in ("read-only", "permission", "missing"):
+        first = {"read-only": f"{where} is on a read-only file system: remount it read-write or "
+                              f"mount a writable volume there (containers often mount data "
+                              f"read-only)",
+                 "permission": f"make {where} writable for the user the run runs as "
+                               f"(`ls -ld {where}`)",
+                 "missing": f"create {where} (or fix the path in output_dir), and check that the "
+                            f"volume it lives on is mounted"}[reason]
+        return [first, other.replace("with room", "you can write to, with room")]
+    room = (f"it has {fmt_bytes(free)} free, the checkpoint needs about {fmt_bytes(needed)}; "
+            if free is not None and needed is not None else "")
+    return [f"free space in {where}: {room}delete old runs or checkpoints you no longer need "
+            f"(`df -h {where}` shows the file system, `du -sh <folder>/*` what fills it)",
+            (f"lower keep_last (now {keep_last}) so fewer checkpoints stay on disk{each}"
+             if keep_last is not None else f"lower keep_last so fewer checkpoints stay on disk{each}"),
+            other]
+
+
+def _storage_sentence(d: dict) -> str:
+    what = {"space": "out of space", "read-only": "a read-only file system",
+            "permission": "no permission to write", "missing": "a folder that cannot be created"}
+    s = f"Storage error ({what.get(d.get('reason'), 'the file system refused the write')})"
+    if d.get("checkpoint"):
+        s += f" writing checkpoint {d['checkpoint']}"
+    if d.get("folder"):
+        s += f" in {d['folder']}"
+    if d.get("needed_bytes") is not None:
+        s += f": it needs about {fmt_bytes(d['needed_bytes'])}"
+        if d.get("free_bytes") is not None:
+            s += f", {fmt_bytes(d['free_bytes'])} free"
+    return s + ". The earlier checkpoints are untouched."
+
+
 def explain(failure: RankFailure, exc: BaseException | None = None) -> RankFailure:
     """Fill `failure.details`, `.explanation` and numbered `.suggestions` from the numbers in its
     message and traceback, what `note()` recorded, and (in the failing rank) the memory state."""
@@ -592,4 +673,11 @@ def explain(failure: RankFailure, exc: BaseException | None = None) -> RankFailu
                                              d.get("samples_read"), d.get("samples_lost"), first)
         failure.suggestions = data_suggestions(d.get("shard"), sample=d.get("sample"),
                                                file=d.get("file"))
+    elif failure.category == STORAGE:
+        d = parse_storage(text)
+        failure.details = d
+        failure.explanation = _storage_sentence(d)
+        failure.suggestions = storage_suggestions(d.get("reason"), d.get("folder"),
+                                                  d.get("needed_bytes"), d.get("free_bytes"),
+                                                  d.get("keep_last"))
     return failure

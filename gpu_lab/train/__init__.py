@@ -30,6 +30,7 @@ _API = {
     "ProfilerWindow": ".profiling",
     "TrainingOutOfMemoryError": ".oom",
     "CheckpointError": ".checkpoint",
+    "CheckpointStorageError": ".checkpoint",
     "latest_checkpoint": ".checkpoint",
     "list_checkpoints": ".checkpoint",
     "Schedule": ".schedules",

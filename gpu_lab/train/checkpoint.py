@@ -19,6 +19,7 @@ the manifest does not list.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -27,6 +28,7 @@ import re
 import secrets
 import shutil
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -42,6 +44,20 @@ _FILE = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 class CheckpointError(RuntimeError):
     """A checkpoint that is incomplete, corrupt, or holds something we refuse to load."""
+
+
+class CheckpointStorageError(CheckpointError):
+    """A checkpoint the storage could not take: out of space (found before or during the write), a
+    read-only folder, no permission, or a folder that cannot be created. The message names the
+    checkpoint, the folder, the bytes it needs and the bytes free; the earlier checkpoints are
+    untouched and nothing of this one is left behind."""
+
+    def __init__(self, message: str, *, reason: str, checkpoint: str, folder: str,
+                 needed_bytes: int | None, free_bytes: int | None,
+                 keep_last: int | None = None) -> None:
+        super().__init__(message)
+        self.reason, self.checkpoint, self.folder = reason, checkpoint, folder
+        self.needed_bytes, self.free_bytes, self.keep_last = needed_bytes, free_bytes, keep_last
 
 
 @dataclass(frozen=True)
@@ -104,20 +120,42 @@ Writer = Callable[[Path], None]
 
 
 def save_checkpoint(root: str | os.PathLike, step: int, files: Mapping[str, Writer],
-                    meta: Mapping[str, Any] | None = None, keep_last: int | None = None) -> Path:
+                    meta: Mapping[str, Any] | None = None, keep_last: int | None = None,
+                    needed_bytes: int | None = None) -> Path:
     """Write one checkpoint atomically and return its path.
 
     `files` maps a plain file name to a function that writes that file at the given path (the
     function need not fsync; this does). `meta` is stored in the manifest. With `keep_last`, older
     complete checkpoints beyond that number are pruned after the new one is in place.
+    `needed_bytes`: the size of what the writers will write; when the file system has less room
+    than that, nothing is written. Storage failures (out of space before or during the write, a
+    read-only folder, a folder that cannot be created) raise CheckpointStorageError.
     """
     root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
-    sweep(root)
     name = step_name(step)
-    tmp = root / f".tmp-{name}-{os.getpid()}-{secrets.token_hex(4)}"
-    tmp.mkdir()
+    need = None if needed_bytes is None else _on_disk(root, int(needed_bytes), len(files) + 1)
+
+    def failure(reason: str, free: int | None, detail: str = "") -> CheckpointStorageError:
+        return CheckpointStorageError(
+            storage_message(reason, name, root, need, free, keep_last, detail), reason=reason,
+            checkpoint=name, folder=str(root), needed_bytes=need, free_bytes=free,
+            keep_last=keep_last)
+
     try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        missing = _missing_ancestor(root)
+        reason = "missing" if missing is not None else (_storage_reason(e) or "permission")
+        detail = (f"{missing} does not exist and cannot be created: {e.strerror or e}"
+                  if missing is not None else str(e.strerror or e))
+        raise failure(reason, free_space(root), detail) from e
+    sweep(root)
+    free = free_space(root)
+    if need is not None and free is not None and need > free:
+        raise failure("space", free)
+    tmp = root / f".tmp-{name}-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        tmp.mkdir()
         entries = {}
         for fname, writer in files.items():
             if not _FILE.match(fname) or fname == MANIFEST:
@@ -138,12 +176,125 @@ def save_checkpoint(root: str | os.PathLike, step: int, files: Mapping[str, Writ
             _discard(final)
         os.rename(tmp, final)
         fsync_dir(root)
-    except BaseException:
+    except BaseException as e:
+        written = _tree_bytes(tmp)
+        left = free_space(root)  # before the temp dir goes: what the failed write had left
         shutil.rmtree(tmp, ignore_errors=True)
+        reason = _storage_reason(e) if isinstance(e, Exception) else None
+        if reason is None and isinstance(e, Exception) and left is not None:
+            # some writers say nothing useful on a full disk (torch.save: "unexpected pos ..."):
+            # a file system without room for the rest of the checkpoint is the explanation
+            if left < max((need or 0) - written, _FULL):
+                reason = "space"
+        if reason is not None:
+            # a failed torch.save keeps its file open from the frames of its tracebacks, and an
+            # unlinked open file keeps its space: drop the frames' locals to give it back now
+            chained: BaseException | None = e
+            for _ in range(16):  # a chain is short; the bound guards against a hand-made cycle
+                if chained is None:
+                    break
+                traceback.clear_frames(chained.__traceback__)
+                chained = chained.__cause__ or chained.__context__
+            raise failure(reason, free, f"{type(e).__name__}: {e} (after writing {written:,} "
+                                        f"bytes)") from e
         raise
     if keep_last is not None:
         prune(root, keep_last)
     return final
+
+
+# below this many free bytes a file system counts as full when a write fails without a reason
+_FULL = 64 * 1024
+
+
+def free_space(folder: str | os.PathLike) -> int | None:
+    """Bytes a process may still write in the file system that holds `folder` (or its nearest
+    existing parent); None where that cannot be asked."""
+    p = Path(folder)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        return shutil.disk_usage(p).free
+    except OSError:
+        return None
+
+
+def _on_disk(folder: Path, size: int, n_files: int) -> int:
+    """`size` bytes of data in `n_files` files (plus their folder) as the file system counts them:
+    each file rounded up to whole blocks."""
+    p = folder
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        block = os.statvfs(p).f_frsize or 4096
+    except (OSError, AttributeError):  # AttributeError: Windows has no statvfs
+        block = 4096
+    return size + (n_files + 1) * block
+
+
+def _tree_bytes(folder: Path) -> int:
+    try:
+        return sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
+    except OSError:
+        return 0
+
+
+def _missing_ancestor(folder: Path) -> Path | None:
+    """The highest missing folder on the way down to `folder`'s parent, or None."""
+    missing = None
+    for p in folder.parents:
+        if p.exists():
+            break
+        missing = p
+    return missing
+
+
+_ERRNO_REASONS = {getattr(errno, name): reason for name, reason in (
+    ("ENOSPC", "space"), ("EDQUOT", "space"), ("EROFS", "read-only"), ("EACCES", "permission"),
+    ("EPERM", "permission")) if hasattr(errno, name)}
+_TEXT_REASONS = (("No space left on device", "space"), ("os error 28", "space"),
+                 ("Disk quota exceeded", "space"), ("Read-only file system", "read-only"),
+                 ("os error 30", "read-only"), ("Permission denied", "permission"))
+
+
+def _storage_reason(exc: BaseException) -> str | None:
+    """'space', 'read-only' or 'permission' when `exc` (or what caused it) is that kind of storage
+    failure; writers in other languages (safetensors, torch's zip writer) only say it in words."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, OSError) and exc.errno in _ERRNO_REASONS:
+            return _ERRNO_REASONS[exc.errno]
+        text = str(exc)
+        for needle, reason in _TEXT_REASONS:
+            if needle in text:
+                return reason
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
+
+
+def storage_message(reason: str, checkpoint: str, folder: Path, needed: int | None,
+                    free: int | None, keep_last: int | None, detail: str = "") -> str:
+    """The CheckpointStorageError text: what went wrong, with the bytes needed and free."""
+    what = {"space": f"not enough space in {folder}",
+            "read-only": f"{folder} is on a read-only file system",
+            "permission": f"no permission to write in {folder}",
+            "missing": f"the folder {folder} cannot be created"}[reason]
+    need = "an unknown number of bytes" if needed is None else \
+        f"about {_human(needed)} ({needed:,} bytes)"
+    room = "unknown" if free is None else f"{_human(free)} ({free:,} bytes)"
+    s = f"checkpoint {checkpoint}: {what}: it needs {need}; {room} free"
+    if keep_last is not None:
+        s += f" (keep_last={keep_last})"
+    if detail:
+        s += f". {detail}"
+    return s + (". Nothing of this checkpoint was left behind; the earlier checkpoints are "
+                "untouched.")
+
+
+def _human(n: int) -> str:
+    from ..launch.triage import fmt_bytes
+
+    return fmt_bytes(n)
 
 
 def _discard(path: Path) -> None:
@@ -293,6 +444,6 @@ def load_json(path: str | os.PathLike, fname: str, manifest: Mapping | None = No
     return json.loads(checkpoint_file(path, fname, manifest).read_text())
 
 
-__all__ = ["CheckpointError", "CheckpointInfo", "checkpoint_dir", "save_checkpoint", "prune", "sweep",
+__all__ = ["CheckpointError", "CheckpointStorageError", "CheckpointInfo", "free_space", "checkpoint_dir", "save_checkpoint", "prune", "sweep",
            "verify", "read_manifest", "list_checkpoints", "latest_checkpoint", "load_object",
            "load_tensors", "load_json", "step_name"]

@@ -54,15 +54,18 @@ def _has_shards(d: Path) -> bool:
 
 
 def _shard_loaders(train_dir: Path, val_dir: Path, config: TrainConfig):
-    """This rank's shard loaders. With several ranks the shards are resampled (drawn with
+    """This rank's shard loaders. Training shards are resampled with several ranks (drawn with
     replacement, an equal number of batches per rank): without it, ranks whose shards hold fewer
-    samples run out first and DDP hangs in the next all-reduce."""
+    samples run out first and DDP hangs in the next all-reduce. Evaluation shards never are: each
+    rank reads its own share of the shards (or of the samples, when there are fewer shards than
+    readers) exactly once, and fit sums the ranks' counts at the end."""
     from ..data import shard_loader
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     kw = dict(image_size=config.image_size, num_workers=config.num_workers, seed=config.seed,
-              resampled=world > 1, decode=config.decode)
-    train = shard_loader(str(train_dir), config.batch_size, train=True, augment=config.augment, **kw)
+              decode=config.decode)
+    train = shard_loader(str(train_dir), config.batch_size, train=True, augment=config.augment,
+                         resampled=world > 1, **kw)
     evaluation = (shard_loader(str(val_dir), config.batch_size, train=False, **kw)
                   if _has_shards(val_dir) else None)
     return train, evaluation

@@ -22,6 +22,7 @@ from . import activation, oom
 from .callbacks import REQUESTS, Callback, CallbackList, TrainState
 from .checkpoint import CheckpointError, checkpoint_dir, latest_checkpoint
 from .data import is_per_rank, make_loader, micro_batches_per_epoch, split_batch, steps_per_epoch
+from .evaluation import eval_batches, evaluate
 from .guards import NonFiniteLossError, Preempted, PreemptionGuard, default_guards
 from .optim import build_optimizer
 from .profiling import ProfilerWindow
@@ -117,7 +118,8 @@ def fit(model, train_data, config, eval_data=None, callbacks: Iterable[Callback]
     `callbacks` run after the default guards (preemption, kernel control requests, memory
     threshold, NaN loss; `guards=False` leaves them out). Call it on every rank.
 
-    The summary: steps, total_steps, epoch, loss, accuracy / eval_loss (with eval_data),
+    The summary: steps, total_steps, epoch, loss, accuracy / eval_loss / eval_samples (with
+    eval_data: every eval sample counted exactly once over all ranks; eval_samples says how many),
     samples_per_s, wall_s, checkpoint (the last one written), resumed_from, stopped (None, "stop"),
     num_processes, micro_batch_size, grad_accum_steps, global_batch, output_dir, profile_trace.
     Preemption raises Preempted (a SystemExit with code 143) after the checkpoint.
@@ -176,13 +178,11 @@ def _fit(acc, model, train_data, cfg, eval_data, callbacks, loss_fn, guards, out
     # only has a full state_dict after a consolidation (and its state is created on the device)
     model, optimizer = acc.prepare(model, optimizer, device_placement=[True, not zero])
     eval_loader = None
-    if eval_data is not None and is_per_rank(eval_data):
-        eval_loader = eval_data
+    if eval_data is not None:  # this rank's share, never padded or resampled (see evaluation.py)
+        eval_loader = eval_batches(eval_data, rank=acc.process_index, world=world,
+                                   batch_size=run.micro, num_workers=cfg.num_workers,
+                                   seed=cfg.seed, pin_memory=pin)
         _batches_to(eval_loader, acc.device)
-    elif eval_data is not None:
-        eval_loader = acc.prepare(make_loader(eval_data, run.micro, shuffle=False,
-                                              num_workers=cfg.num_workers, seed=cfg.seed,
-                                              pin_memory=pin))
     scheduler = build_scheduler(getattr(optimizer, "optimizer", optimizer), cfg, total_steps)
 
     state = TrainState(config=cfg, accelerator=acc, model=model, optimizer=optimizer,
@@ -506,39 +506,21 @@ def _save(acc, model, optimizer, scheduler, run: _Run, state: TrainState, cbs, c
 
 
 def _evaluate(acc, model, loader, loss_fn, run: _Run, state: TrainState, cbs) -> dict:
-    """Accuracy and mean loss over the whole eval set, on all ranks (gather_for_metrics drops the
-    samples accelerate repeats to give every rank the same number of batches)."""
-    import torch
-    import torch.nn.functional as F
-    from accelerate.utils import send_to_device
-
-    model.eval()
-    correct = total = 0
-    loss_sum = 0.0
-    per_rank = is_per_rank(loader)
-    with torch.no_grad():
-        for batch in loader:
-            if per_rank:
-                batch = send_to_device(batch, acc.device, non_blocking=True)
-            x, y = split_batch(batch)
-            if state.config.channels_last and x.dim() == 4:
-                x = x.contiguous(memory_format=torch.channels_last)
-            out = model(x)
-            if loss_fn is default_loss:
-                losses = F.cross_entropy(out.float(), y, reduction="none")
-            else:
-                losses = loss_fn(out, y).detach().float().expand(len(y))
-            preds, y, losses = acc.gather_for_metrics((out.argmax(-1), y, losses))
-            correct += int((preds == y).sum())
-            total += len(y)
-            loss_sum += float(losses.sum())
-    metrics = {"accuracy": correct / max(total, 1), "eval_loss": loss_sum / max(total, 1)}
+    """Accuracy and mean loss over the whole eval set, every sample exactly once over all ranks
+    (evaluation.evaluate), and how many samples that was (eval_samples)."""
+    module = acc.unwrap_model(model, keep_torch_compile=False)  # no DDP collectives per batch
+    metrics = evaluate(module, loader, None if loss_fn is default_loss else loss_fn,
+                       device=acc.device, world=acc.num_processes,
+                       channels_last=state.config.channels_last)
+    if not metrics["eval_samples"]:
+        log.warning("evaluation at step %d saw no samples: the eval data is empty (or every sample "
+                    "was skipped by the loader's error policy)", state.step)
     run.eval_metrics = metrics
     run.last_eval_step = state.step
     state.metrics.update(metrics)
     report(step=state.step, **metrics)
-    if state.config.tensorboard:
-        acc.log(metrics, step=state.step)
+    if state.config.tensorboard:  # the curves; the sample count is in the stream and the summary
+        acc.log({k: v for k, v in metrics.items() if k != "eval_samples"}, step=state.step)
     cbs.call("on_eval_end", state, metrics)
     return metrics
 
@@ -570,6 +552,7 @@ def _summary(acc, cfg, run: _Run, state: TrainState, t_start: float, resumed_fro
         "steps": state.step, "total_steps": state.total_steps, "epoch": state.epoch,
         "loss": loss, "accuracy": run.eval_metrics.get("accuracy"),
         "eval_loss": run.eval_metrics.get("eval_loss"),
+        "eval_samples": run.eval_metrics.get("eval_samples"),
         "samples_per_s": run.run_samples / run.steps_time if run.steps_time else None,
         "wall_s": time.perf_counter() - t_start,
         "checkpoint": str(state.last_checkpoint) if state.last_checkpoint else None,

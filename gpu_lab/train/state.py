@@ -8,6 +8,7 @@ states through one all_gather_object. Saving and loading are collective: every r
 """
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 from typing import Any
@@ -86,20 +87,23 @@ def save_training_state(accelerator, model, optimizer, scheduler, *, root: str |
     if accelerator.is_main_process:
         try:
             unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
-            files = {
-                MODEL_FILE: lambda p: save_model(unwrapped, str(p)),
-                OPTIMIZER_FILE: lambda p: torch.save(opt.state_dict(), p),
-                RNG_FILE: lambda p: torch.save(rngs, p),
-                STATE_FILE: lambda p: ck.write_json(p, trainer_state),
-            }
+            opt_state = opt.state_dict()
+            parts: dict[str, Any] = {OPTIMIZER_FILE: opt_state, RNG_FILE: rngs}
             if scheduler is not None:
-                files[SCHEDULER_FILE] = lambda p: torch.save(scheduler.state_dict(), p)
+                parts[SCHEDULER_FILE] = scheduler.state_dict()
             scaler = getattr(accelerator, "scaler", None)
             if scaler is not None:  # fp16 loss scaling: the scale and its growth tracker
-                files[SCALER_FILE] = lambda p: torch.save(scaler.state_dict(), p)
+                parts[SCALER_FILE] = scaler.state_dict()
+            files = {MODEL_FILE: lambda p: save_model(unwrapped, str(p)),
+                     STATE_FILE: lambda p: ck.write_json(p, trainer_state)}
+            files.update({name: (lambda p, obj=obj: torch.save(obj, p)) for name, obj in parts.items()})
+            need = (state_bytes(unwrapped.state_dict(), per_tensor=256)
+                    + sum(state_bytes(obj) + 2048 for obj in parts.values())  # + a zip's framing
+                    + len(json.dumps(trainer_state, default=str)) + 1024)
             meta = {"step": int(step), "reason": trainer_state.get("reason", ""),
                     "num_processes": accelerator.num_processes}
-            result[0] = str(ck.save_checkpoint(root, step, files, meta=meta, keep_last=keep_last))
+            result[0] = str(ck.save_checkpoint(root, step, files, meta=meta, keep_last=keep_last,
+                                               needed_bytes=need))
         except Exception as e:  # handed to every rank below, then raised everywhere
             result[0] = e
     if multi:
@@ -112,6 +116,21 @@ def save_training_state(accelerator, model, optimizer, scheduler, *, root: str |
     if isinstance(out, str) and out.startswith("!"):
         raise ck.CheckpointError(f"rank 0 failed to save the checkpoint of step {step}: {out[1:]}")
     return Path(out)
+
+
+def state_bytes(obj: Any, per_tensor: int = 1024) -> int:
+    """About the bytes `obj` (nested dicts, lists, tuples of tensors and plain data) takes in a
+    file: each tensor's bytes plus `per_tensor` of framing (torch.save: a zip entry and its pickle
+    record; safetensors: a header entry), and a generous allowance for plain values. Errs high."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size() + per_tensor
+    if isinstance(obj, dict):
+        return 16 + sum(len(str(k)) + 16 + state_bytes(v, per_tensor) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return 16 + sum(state_bytes(v, per_tensor) for v in obj)
+    return 8 + (len(obj) if isinstance(obj, (str, bytes)) else 16)
 
 
 def load_training_state(accelerator, model, optimizer, scheduler, info: ck.CheckpointInfo) -> dict:
@@ -139,4 +158,5 @@ def load_training_state(accelerator, model, optimizer, scheduler, info: ck.Check
     return state
 
 
-__all__ = ["save_training_state", "load_training_state", "rng_state", "set_rng_state"]
+__all__ = ["save_training_state", "load_training_state", "rng_state", "set_rng_state",
+           "state_bytes"]

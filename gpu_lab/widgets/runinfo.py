@@ -41,6 +41,10 @@ def status_html(run: Any, started: float | None = None) -> str:
         sps = m.last("samples_per_s")  # gpu_lab's fit loop reports the global rate on every rank
         if sps is not None:
             parts.append(f"{sps:,.0f} samples/s")
+        accuracy = m.last("accuracy")
+        if accuracy is not None:  # with the number of eval samples it covers (all ranks together)
+            n = m.last("eval_samples")
+            parts.append(f"accuracy {accuracy:.4g}" + (f" on {int(n):,} samples" if n else ""))
     if started is not None and status not in FINAL_STATUSES:
         el = int(time.time() - started)
         parts.append(f"{el // 60}:{el % 60:02d} elapsed")
