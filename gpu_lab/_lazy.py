@@ -8,12 +8,13 @@ from typing import Any, Callable, Iterable
 
 
 def lazy_api(package: str, api: dict[str, str], *, submodules: Iterable[str] = (),
-             modules: Iterable[str] = ()) -> tuple[Callable[[str], Any], Callable[[], list], list]:
+             modules: Iterable[str] = (), eager: Iterable[str] = ()
+             ) -> tuple[Callable[[str], Any], Callable[[], list], list]:
     """(__getattr__, __dir__, __all__) for `package`. `api` maps each public name to the module
     that defines it (absolute, or relative to the package: ".loop"); names in `modules` resolve to
     that module itself (a callable package such as gpu_lab.launch); `submodules` may be reached as
-    attributes without being listed in __all__."""
-    names = sorted(api)
+    attributes without being listed in __all__; `eager` names the package imported itself."""
+    names = sorted([*api, *eager])
     subs, whole = frozenset(submodules), frozenset(modules)
 
     def __getattr__(name: str) -> Any:

@@ -1,6 +1,6 @@
 """TrainConfig: the validated configuration of one training run.
 
-It mirrors the config dict of seed 000 §2.3 (batch_size, num_epochs, lr, optimizer, scheduler,
+It mirrors the config dict of Article A (batch_size, num_epochs, lr, optimizer, scheduler,
 gradient_accumulation_steps) and adds what a run on a GPU server needs. Every field carries help
 text (the LaunchPanel form shows it), and a wrong value raises an error that names the field, the
 value and what is accepted, before any process starts.
@@ -60,7 +60,7 @@ class Decode(StrEnum):
 #: Model names that gpu_lab.models.build accepts. The tiny ones learn in seconds on a CPU.
 MODEL_NAMES = ("tiny_cnn", "tiny_resnet", "tiny_vit", "resnet18", "resnet50", "vgg16", "vit_b_16")
 
-# Names used by other tools (seed 000 §2.3's config dict, accelerate, HF Trainer) → our field names.
+# Names used by other tools (Article A's config dict, accelerate, HF Trainer) → our field names.
 ALIASES = {
     "num_epochs": "epochs",
     "gradient_accumulation_steps": "grad_accum_steps",
@@ -91,7 +91,7 @@ class TrainConfig:
                     choices=MODEL_NAMES)
     data_dir: str | None = _f(None, "ImageFolder or WebDataset shard directory. Empty: gpu_lab makes "
                               "a synthetic image set (no download).", optional=True, path=True)
-    image_size: int = _f(32, "Input image side in pixels (seed 000 §2.2 sweeps 224 → 512 on a GPU).",
+    image_size: int = _f(32, "Input image side in pixels (larger shows finer detail for more compute).",
                          lo=8, hi=4096)
     num_classes: int = _f(10, "Number of classes.", lo=2, hi=100_000)
     # --- how long ------------------------------------------------------------------------------
@@ -102,21 +102,21 @@ class TrainConfig:
     max_steps: int | None = _f(None, "Stop after this many optimizer steps (overrides epochs).",
                                lo=1, hi=10**9, optional=True)
     # --- optimisation --------------------------------------------------------------------------
-    lr: float = _f(1e-3, "Peak learning rate (seed 000 §2.3 fine-tunes at 3e-5).", lo=0.0, hi=10.0,
+    lr: float = _f(1e-3, "Peak learning rate (fine-tuning a pretrained model wants a small one, e.g. 3e-5).", lo=0.0, hi=10.0,
                    lo_open=True)
     optimizer: str = _f("adamw", "Optimizer: adamw (decoupled weight decay) or sgd (with momentum).",
                         choices=Optimizer)
     weight_decay: float = _f(0.01, "Weight decay.", lo=0.0, hi=1.0)
     momentum: float = _f(0.9, "SGD momentum (ignored by adamw).", lo=0.0, hi=1.0)
-    scheduler: str = _f("cosine", "Learning-rate schedule: cosine (after warmup, seed 000 §2.2), "
+    scheduler: str = _f("cosine", "Learning-rate schedule: cosine (after warmup), "
                         "constant, or step.", choices=Scheduler)
-    warmup_ratio: float = _f(0.05, "Fraction of steps with linear warmup (seed 000: the first 5%).",
+    warmup_ratio: float = _f(0.05, "Fraction of steps with linear warmup (0.05: the first 5%).",
                              lo=0.0, hi=1.0)
     step_size: int = _f(1000, "Step schedule: multiply the lr by gamma every step_size steps.",
                         lo=1, hi=10**9)
     gamma: float = _f(0.1, "Step schedule: the factor applied every step_size steps.", lo=0.0, hi=1.0,
                       lo_open=True)
-    grad_accum_steps: int = _f(1, "Micro-batches accumulated per optimizer step (seed 000: 32 × 4).",
+    grad_accum_steps: int = _f(1, "Micro-batches accumulated per optimizer step: a large global batch on little memory.",
                                lo=1, hi=4096)
     max_grad_norm: float | None = _f(1.0, "Clip the global gradient norm to this value; empty: no "
                                      "clipping.", lo=0.0, hi=1e6, optional=True, lo_open=True)
@@ -124,7 +124,7 @@ class TrainConfig:
     mixed_precision: str = _f("no", "Autocast precision: no (fp32), fp16 (GPU only, with loss "
                               "scaling) or bf16.", choices=MixedPrecision)
     activation_checkpointing: bool = _f(False, "Recompute activations in backward: less memory, "
-                                        "more compute (seed 000 claims −40% memory for +25% time).")
+                                        "more compute (about −40% activation memory for +25% time).")
     channels_last: bool = _f(False, "Use the channels_last memory format (faster convolutions on "
                              "Tensor Cores).")
     compile: bool = _f(False, "Compile the model with torch.compile (opt-in; slow first steps).")
@@ -136,7 +136,7 @@ class TrainConfig:
                                    optional=True)
     num_workers: int = _f(2, "DataLoader worker processes per rank.", lo=0, hi=256)
     augment: str = _f("basic", "Augmentation: none, basic (crop + flip) or autoaugment (+ "
-                      "RandomErasing, seed 000 §2.2).", choices=Augment)
+                      "RandomErasing).", choices=Augment)
     decode: str = _f("cpu", "Where shard images are decoded: cpu (in the DataLoader workers), "
                      "gpu (whole batches with nvJPEG on the training GPU, crop and flip there "
                      "too; JPEG shards, augment none or basic), or auto (gpu when the host has "
@@ -160,7 +160,7 @@ class TrainConfig:
     log_every: int = _f(1, "Report metrics every N optimizer steps.", lo=1, hi=10**6)
     tensorboard: bool = _f(True, "Log scalars to TensorBoard under output_dir.")
     memory_threshold: float = _f(0.95, "GPU memory fraction that triggers one checkpoint and a "
-                                 "memory snapshot (seed 000 §2.2: 95%).", lo=0.0, hi=1.0,
+                                 "memory snapshot.", lo=0.0, hi=1.0,
                                  lo_open=True)
     oom_retry: bool = _f(False, "On out-of-memory, retry with half the per-device batch and twice the "
                          "accumulation, keeping the global batch.")
@@ -183,7 +183,7 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "TrainConfig":
-        """Build from a dict; seed 000's names (num_epochs, gradient_accumulation_steps, …) are
+        """Build from a dict; Article A's names (num_epochs, gradient_accumulation_steps, …) are
         accepted, unknown keys are refused with the closest valid name."""
         if not isinstance(d, Mapping):
             raise TypeError(f"TrainConfig.from_dict: expected a mapping, got {type(d).__name__}")
@@ -197,7 +197,7 @@ class TrainConfig:
                 raise ValueError(f"TrainConfig: unknown field {key!r}.{hint} "
                                  f"Accepted fields: {', '.join(names)}.")
             if name in ("optimizer", "mixed_precision", "scheduler", "augment") and isinstance(value, str):
-                value = value.lower()  # seed 000 writes "AdamW"
+                value = value.lower()  # Article A writes "AdamW"
             kw[name] = value
         return cls(**kw)
 

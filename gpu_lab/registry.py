@@ -1,3 +1,4 @@
+# Long: a run's record in one place: its schema, its writes, its reads, and its table view.
 """The run registry: an embedded SQLite database of runs, their configs and their metrics.
 
 It lives at `$GPU_LAB_HOME/registry.db` (default `~/.gpu_lab/`). WAL mode lets the server extension

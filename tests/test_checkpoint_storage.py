@@ -16,6 +16,7 @@ from safetensors.torch import save_file
 
 from gpu_lab.config import TrainConfig
 from gpu_lab.launch import triage
+from gpu_lab.units import fmt_bytes
 from gpu_lab.models import build
 from gpu_lab.train import fit
 from gpu_lab.train.checkpoint import (CheckpointStorageError, list_checkpoints, load_object,
@@ -97,7 +98,7 @@ def test_full_disk_during_fit_names_what_it_needs_and_keeps_the_earlier_checkpoi
     f = _check_triage(e, "free space in", "lower keep_last (now 10)", "point output_dir")
     assert f.details["needed_bytes"] == e.needed_bytes and f.details["free_bytes"] == e.free_bytes
     assert f.details["folder"] == str(root) and f.details["checkpoint"] == e.checkpoint
-    assert triage.fmt_bytes(e.needed_bytes) in f.explanation
+    assert fmt_bytes(e.needed_bytes) in f.explanation
     # another rank only hears rank 0's verdict, as text: the same triage
     other = triage.categorize("CheckpointError", f"rank 0 failed to save the checkpoint of step "
                                                  f"{step}: CheckpointStorageError: {text}")

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 import tarfile
 from pathlib import Path
 
@@ -16,7 +17,9 @@ import pytest
 import gpu_lab
 from gpu_lab.diagnostics import doctor
 from gpu_lab.diagnostics.doctor import SECTIONS
+from gpu_lab.diagnostics import explain
 from gpu_lab.launch import triage
+from gpu_lab.units import fmt_bytes
 
 import diagnostics_fns as F
 
@@ -168,21 +171,29 @@ def test_dry_run_keeps_the_process_fork_safe_and_bf16_and_checkpointing_shrink_a
     assert bf16.activations_bytes < 0.75 * base.activations_bytes
     assert ac.activations_bytes < base.activations_bytes
     assert base.optimizer_bytes == pytest.approx(2 * base.gradients_bytes, rel=0.01)
-    pid = os.fork()
-    if pid == 0:  # a forked worker must still be able to use CUDA and autograd
-        if torch._C._cuda_isInBadFork():
-            os._exit(3)
-        try:
-            x = torch.ones(2, requires_grad=True)
-            (x * 2).sum().backward()
-        except RuntimeError:
-            os._exit(4)
-        os._exit(0)
-    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    # in a fresh interpreter: this test process may have asked torch for CUDA in another test
+    probe = textwrap.dedent("""
+        import os, sys, torch
+        from gpu_lab.diagnostics import estimate_memory
+        estimate_memory("tiny_resnet", 64, 64, "bf16", num_classes=4)
+        pid = os.fork()
+        if pid == 0:  # a forked worker must still be able to use CUDA and autograd
+            if torch._C._cuda_isInBadFork():
+                os._exit(3)
+            try:
+                x = torch.ones(2, requires_grad=True)
+                (x * 2).sum().backward()
+            except RuntimeError:
+                os._exit(4)
+            os._exit(0)
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        sys.exit(code if code else (5 if torch.cuda.is_initialized() else 0))
+    """)
+    code = subprocess.run([sys.executable, "-c", probe], timeout=300).returncode
     assert code != 3, "the dry run poisoned forks (FakeTensorMode / AdamW asked CUDA for devices)"
     assert code != 4, "after the dry run, forked children cannot run backward (autograd threads)"
+    assert code != 5, "the dry run initialised CUDA"
     assert code == 0
-    assert not torch.cuda.is_initialized()
     from gpu_lab.diagnostics.isolate import in_child
 
     with pytest.raises(ValueError, match="invalid literal"):
@@ -202,7 +213,7 @@ def test_advice_lists_fits_counts_and_remedies_in_order():
     assert not fits["P100 16GB"].fits_one and fits["P100 16GB"].min_gpus == 2
     assert fits["P100 16GB"].per_gpu_batch == 128
     assert fits["A100 80GB"].fits_one and fits["A100 80GB"].min_gpus == 1
-    assert fits["V100 32GB"].seed_pick == "seed 000 §2.1: 4× V100 32GB"
+    assert fits["V100 32GB"].article_pick == "Article A's pick: 4× V100 32GB"
     assert adv.remedies, "it does not fit one P100: there must be something to switch on"
     peaks = [r.peak_bytes for r in adv.remedies]
     assert peaks == sorted(peaks) and all(p < est.peak_bytes for p in peaks)
@@ -395,14 +406,14 @@ CUDA_OOM = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total c
 def test_triage_of_a_simulated_cuda_oom_carries_the_numbers():
     import torch
 
-    triage.note(batch_size=256, grad_accum_steps=1, num_processes=8, mixed_precision="no")
+    explain.note(batch_size=256, grad_accum_steps=1, num_processes=8, mixed_precision="no")
     try:
         try:
             raise torch.OutOfMemoryError(CUDA_OOM)
         except torch.OutOfMemoryError as e:
             f = triage.from_exception(3, e)
     finally:
-        triage.note(batch_size=None, grad_accum_steps=None, num_processes=None, mixed_precision=None)
+        explain.note(batch_size=None, grad_accum_steps=None, num_processes=None, mixed_precision=None)
     assert f.category == triage.OOM
     d = f.details
     assert d["requested_bytes"] == 2 * GiB and d["free_bytes"] == int(1.25 * GiB)
@@ -456,7 +467,7 @@ def test_real_cpu_oom_under_an_allocation_cap_is_triaged_with_its_numbers():
     assert d["device"] == "CPU" and d["memory_cap"] is True and d["total_bytes"] == cap
     assert d["batch_size"] == big and 0 < d["requested_bytes"] and d["free_bytes"] < d["requested_bytes"]
     text = str(err)
-    assert f"tried to allocate {triage.fmt_bytes(d['requested_bytes'])}" in text
+    assert f"tried to allocate {fmt_bytes(d['requested_bytes'])}" in text
     assert f"free of 256.00 MiB" in text and f"batch size {big}" in text
     assert "batch_size=256 (from 512) with grad_accum_steps=2" in text
     fixed = gpu_lab.launch(F.train_capped, small, cap, num_processes=2, name="oom-fixed")
@@ -474,7 +485,7 @@ def test_real_collective_timeout_names_the_collective_and_its_timeout():
     assert any("timedelta(seconds=60)" in s for s in f.suggestions)
     assert "all_reduce" in str(run.error)
     # NCCL's watchdog message carries the op, the element count and the timeout
-    d = triage.parse_comm("[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=7, "
+    d = explain.parse_comm("[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=7, "
                           "OpType=ALLREDUCE, NumelIn=25557032, NumelOut=25557032, Timeout(ms)=600000) "
                           "ran for 600015 milliseconds before timing out.")
     assert d == {"backend": "nccl", "seq": 7, "collective": "allreduce", "numel": 25557032,

@@ -281,7 +281,7 @@ def test_oom_triage_names_batch_and_ordered_suggestions(tmp_path):
     msg = str(e.value)
     assert "per-device batch of 16" in msg and "global batch 32" in msg
     lines = [ln.strip() for ln in msg.splitlines() if ln.strip()[:2] in ("1.", "2.", "3.")]
-    assert lines[0].startswith("1. batch_size=8, grad_accum_steps=4")
+    assert lines[0].startswith("1. batch_size=8 (from 16) with grad_accum_steps=4")
     assert "mixed_precision='bf16'" in lines[1] and "activation_checkpointing" in lines[2]
     assert "can't allocate memory" in msg  # the allocator's own words are kept
 

@@ -1,4 +1,4 @@
-"""Text-to-image diffusion at toy scale: the fine-tuning flow of Article A §2.3, offline.
+"""Text-to-image diffusion at toy scale: the fine-tuning flow of Article A, offline.
 
 Stable Diffusion fine-tuning, as the article describes it, is: captioned images as WebDataset shards,
 a config dict (batch 16, 20 epochs, lr 3e-5, AdamW, cosine, accumulation 4), `torchrun ... --precision

@@ -1,3 +1,5 @@
+# Long: the shard loader's stages (shard lists, per-worker reading, grouping, shuffling,
+# batching) share one error policy and its counters.
 """`shard_loader`: WebDataset shards → augmented, batched tensors, on N ranks x M workers.
 
 The pipeline, per DataLoader worker, as small stages (webdataset's style):

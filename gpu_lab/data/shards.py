@@ -1,6 +1,6 @@
 """WebDataset shards on disk: write them from an ImageFolder tree, describe them in a manifest, find them.
 
-Seed 000 §3.2 says to merge small files and §2.1 to use WebDataset: a shard is a plain tar file whose
+Article A says to merge small files and to use WebDataset: a shard is a plain tar file whose
 members `<key>.jpg`, `<key>.cls` (and optionally `<key>.json`) form one sample. Reading thousands of
 small files costs one open/stat/read round trip each (and on network storage, one request each);
 a shard is read sequentially in large blocks, and whole shards are what ranks and workers split.
@@ -10,7 +10,7 @@ a shard is read sequentially in large blocks, and whole shards are what ranks an
 manifest records per shard the sample count, the size in bytes and the sha256, and for the whole
 set the class names and, for zstd, the compression ratio as measured.
 
-About seed 000 §3.3's "Zstandard, 3:1": JPEG and PNG are already entropy-coded, so zstd cannot shrink
+About Article A's "Zstandard, 3:1": JPEG and PNG are already entropy-coded, so zstd cannot shrink
 them; measured on JPEGs the payload ratio is ~1.00. A shard of small JPEGs still shrinks a little
 because tar's 512-byte headers and padding compress to almost nothing: the manifest reports both
 numbers (`zstd_ratio` for the files, `image_zstd_ratio` for the image bytes alone), so nobody
@@ -140,7 +140,7 @@ class WriteReport:
                  f"{self.out_dir} ({m.bytes / 2**20:.1f} MiB), {self.images_per_minute:,.0f} images/min"]
         if m.compression == "zstd":
             lines.append(f"zstd: shard files {m.zstd_ratio:.3f}:1 (tar headers and padding included), "
-                         f"image payloads {m.image_zstd_ratio:.3f}:1 (seed 000 §3.3 claims 3:1)")
+                         f"image payloads {m.image_zstd_ratio:.3f}:1 (Article A claims 3:1)")
         return "\n".join(lines)
 
     def __repr__(self) -> str:

@@ -1,22 +1,18 @@
 """Reading tar shards fast: open (plain, gzip or zstd, detected from the magic bytes) and iterate
 members.
 
-Python's `tarfile` spends about 30 µs of pure-Python header parsing per member; a WebDataset sample
-has two or three members, and the whole per-sample budget of a loader on small JPEGs is about
-400 µs of one core (decode + crop). The readers here parse the 512-byte headers themselves (ustar,
-with GNU long names and pax path/size records: one `struct` unpack and one `int()` per numeric
-field) in about 4 µs per member on the 2-vCPU development VM (5.3 µs with a slice and a parse per
-field, 1.4x slower; medians of 10 alternated passes over 20,000 members), check each header's
-checksum (the byte sum through Adler-32: exact, and six times faster than `sum()`), and raise
-`TarFormatError` on a corrupt header or a truncated member, so a bad shard is caught where it goes
-bad and not silently shortened.
+Python's `tarfile` parses headers in pure Python, several times the whole per-member budget of a
+loader on small JPEGs. Here one loop (`_members`) parses the 512-byte ustar headers itself (GNU
+long names and pax path/size records too: one `struct` unpack and one `int()` per numeric field),
+checks each header's checksum (the byte sum through Adler-32: exact, and far faster than `sum()`),
+and raises `TarFormatError` on a corrupt header or a truncated member, so a bad shard is caught
+where it goes bad and not silently shortened.
 
-Three readers share that parsing: `iter_file_members` over a plain tar file (one readv per member,
-straight into the member's own bytearray), `iter_members` over a stream (gzip and zstd shards, any
-file object) and `iter_buffer_members` over tar bytes already in memory (views, no copy).
-`shard_members` picks one for a shard. Shards are read, not memory-mapped: a file that another
-process truncates while it is mapped kills the reader with SIGBUS, where a read just comes back
-short and the reader raises TarFormatError naming the member.
+The loop reads through one of three readers: a plain tar file (one readv per member, straight into
+the member's own bytearray), a stream (gzip and zstd shards, any file object), or tar bytes in
+memory (views, no copy). `shard_members` picks one for a shard. Shards are read, not memory-mapped:
+a file that another process truncates while it is mapped kills the reader with SIGBUS, where a
+read just comes back short and the reader raises TarFormatError naming the member.
 """
 from __future__ import annotations
 
@@ -205,105 +201,113 @@ def _readv_full(fd: int, buffers: list, total: int = 0) -> int:
     return total
 
 
-def iter_file_members(fd: int) -> Iterator[tuple[str, bytearray]]:
-    """(name, data) of every regular file in the plain tar file open as `fd` (read from its current
-    position on), with the same checks as `iter_members`. One readv per member fills its data
-    (a bytearray of its own, which `transforms.decode` uses without a copy), skips its padding and
-    reads the next header. A file that shrinks while it is read ends with TarFormatError: reading,
-    unlike a memory mapping, cannot turn a truncation into SIGBUS."""
+class _FileReader:
+    """A plain tar file: one readv per member fills its data (a bytearray of its own, which
+    `transforms.decode` uses without a copy), skips its padding and reads the next header."""
+
+    __slots__ = ("fd", "head", "have")
+
+    def __init__(self, fd: int) -> None:
+        self.fd, self.head = fd, bytearray(_BLOCK)  # reused: _header copies out what it returns
+        self.have = _readv_full(fd, [self.head])  # bytes of the next header read so far
+
+    def header(self) -> bytes | bytearray:
+        return self.head if self.have == _BLOCK else self.head[:self.have]
+
+    def member(self, size: int, padded: int) -> tuple[bytearray, int]:
+        data = bytearray(size)
+        parts = [data, _PADS[padded - size], self.head]
+        got = os.readv(self.fd, parts)
+        if got < padded + _BLOCK:  # the file ends here, or (rarely) a short read to complete
+            got = _readv_full(self.fd, parts, got)
+        self.have = max(0, got - padded)
+        return data, got
+
+
+class _StreamReader:
+    """Any file object (a gzip or zstd stream)."""
+
+    __slots__ = ("stream", "read")
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self.stream, self.read = stream, stream.read
+
+    def header(self) -> bytes:
+        block = self.read(_BLOCK)
+        return _complete(self.stream, block, _BLOCK) if 0 < len(block) < _BLOCK else block
+
+    def member(self, size: int, padded: int) -> tuple[bytes, int]:
+        data = self.read(padded)
+        if len(data) != padded:
+            data = _complete(self.stream, data, padded)
+        got = len(data)
+        return (data[:size] if padded != size and got >= size else data), got
+
+
+class _BufferReader:
+    """Tar bytes in memory: members are views of them, no copy."""
+
+    __slots__ = ("view", "pos", "end")
+
+    def __init__(self, buf: bytes | bytearray | memoryview) -> None:
+        self.view, self.pos = memoryview(buf), 0
+        self.end = len(self.view)
+
+    def header(self) -> memoryview:
+        head = self.view[self.pos:self.pos + _BLOCK]
+        self.pos += len(head)
+        return head
+
+    def member(self, size: int, padded: int) -> tuple[memoryview, int]:
+        got = min(self.end - self.pos, padded)
+        data = self.view[self.pos:self.pos + size]
+        self.pos = min(self.end, self.pos + padded)
+        return data, got
+
+
+def _members(reader) -> Iterator[tuple[str, bytes | bytearray | memoryview]]:
+    """The one loop over a tar's members, whatever `reader` reads from: (name, data) of every
+    regular file, with pax and GNU long-name records applied, and TarFormatError on a truncated
+    header or member (a bad shard is caught where it goes bad, not silently shortened)."""
     offset = 0
-    ext: dict[str, str] = {}
-    header = bytearray(_BLOCK)  # reused: _header copies out what it returns
-    readv = os.readv
-    got = _readv_full(fd, [header])
+    ext: dict[str, str] = {}  # what pax headers and GNU long names say about the next member
+    header, member = reader.header, reader.member
     while True:
-        if got < _BLOCK:
-            if got == 0:
+        head = header()
+        if len(head) < _BLOCK:
+            if not len(head):
                 return  # EOF without the end-of-archive blocks: tolerated, as tarfile does
-            raise TarFormatError(f"truncated tar header at byte {offset} ({got} of 512 bytes)")
-        entry = _entry(header, 0, offset, ext)
+            raise TarFormatError(f"truncated tar header at byte {offset} ({len(head)} of 512 bytes)")
+        entry = _entry(head, 0, offset, ext)
         if entry is None:
             return  # end-of-archive marker
         name, size, kind, padded = entry
         offset += _BLOCK
-        data = bytearray(size)
-        parts = [data, _PADS[padded - size], header]
-        got = readv(fd, parts)
-        if got < padded + _BLOCK:  # the file ends here, or (rarely) a short read to complete
-            got = _readv_full(fd, parts, got)
+        data, got = member(size, padded)
         if got < size:
             raise TarFormatError(f"unexpected end of data in member {_name(name, ext)!r} at byte "
                                  f"{offset} ({got} of {size} bytes)")
         offset += padded
-        got = max(0, got - padded)  # what arrived of the next header
         if kind in _REGULAR:
             yield _name(name, ext), data
         elif _extended(kind, data, ext):
             continue
         ext.clear()
+
+
+def iter_file_members(fd: int) -> Iterator[tuple[str, bytearray]]:
+    """(name, data) of every regular file in the plain tar file open as `fd` (read from its current
+    position on). A file that shrinks while it is read ends with TarFormatError: reading, unlike a
+    memory mapping, cannot turn a truncation into SIGBUS."""
+    return _members(_FileReader(fd))
 
 
 def iter_members(stream: IO[bytes]) -> Iterator[tuple[str, bytes]]:
     """(name, data) of every regular file in a tar stream, in order."""
-    read = stream.read
-    offset = 0
-    ext: dict[str, str] = {}  # what pax headers and GNU long names say about the next member
-    while True:
-        block = read(_BLOCK)
-        if len(block) != _BLOCK:
-            if not block:
-                return  # EOF without the end-of-archive blocks: tolerated, as tarfile does
-            block = _complete(stream, block, _BLOCK)
-            if len(block) < _BLOCK:
-                raise TarFormatError(f"truncated tar header at byte {offset} ({len(block)} of 512 "
-                                     f"bytes)")
-        entry = _entry(block, 0, offset, ext)
-        if entry is None:
-            return  # end-of-archive marker
-        name, size, kind, padded = entry
-        offset += _BLOCK
-        data = read(padded)
-        if len(data) != padded:
-            data = _complete(stream, data, padded)
-            if len(data) < size:
-                raise TarFormatError(f"unexpected end of data in member "
-                                     f"{_name(name, ext)!r} at byte {offset} "
-                                     f"({len(data)} of {size} bytes)")
-        offset += padded
-        if padded != size:
-            data = data[:size]
-        if kind in _REGULAR:
-            yield _name(name, ext), data
-        elif _extended(kind, data, ext):
-            continue
-        ext.clear()
+    return _members(_StreamReader(stream))
 
 
 def iter_buffer_members(buf: bytes | bytearray | memoryview) -> Iterator[tuple[str, memoryview]]:
-    """(name, data) of every regular file in tar bytes held in memory, in order, with the same
-    checks as `iter_members`. Each data is a view of `buf`: no copy, and it keeps `buf` alive while
-    anything holds it. (Over a memory-mapped file, a truncation by another process turns into
-    SIGBUS here: read files with `iter_file_members`.)"""
-    view = memoryview(buf)
-    end, pos = len(view), 0
-    ext: dict[str, str] = {}
-    while True:
-        if end - pos < _BLOCK:
-            if pos == end:
-                return
-            raise TarFormatError(f"truncated tar header at byte {pos} ({end - pos} of 512 bytes)")
-        entry = _entry(view, pos, pos, ext)
-        if entry is None:
-            return
-        name, size, kind, padded = entry
-        pos += _BLOCK
-        if end - pos < size:
-            raise TarFormatError(f"unexpected end of data in member {_name(name, ext)!r} at byte "
-                                 f"{pos} ({end - pos} of {size} bytes)")
-        data = view[pos:pos + size]
-        pos = min(end, pos + padded)
-        if kind in _REGULAR:
-            yield _name(name, ext), data
-        elif _extended(kind, data, ext):
-            continue
-        ext.clear()
+    """(name, data) of every regular file in tar bytes held in memory, in order; each data is a
+    view of `buf` (no copy; it keeps `buf` alive while anything holds it)."""
+    return _members(_BufferReader(buf))

@@ -7,7 +7,7 @@ augmenting, not reading files, bound a loader on a warm disk, so the per-sample 
 cheap. For decoded uint8 tensors, "none" and "basic" take `ImageTransform`'s functional path: the
 same operations and random draws as the v2 pipeline at about half its per-image cost.
 
-Augmentation levels (seed 000 §2.2 recommends AutoAugment + RandomErasing):
+Augmentation levels (Article A recommends AutoAugment + RandomErasing):
 
 - ``none``: resize the shorter side to `image_size`, centre crop (the eval transform);
 - ``basic``: RandomResizedCrop + horizontal flip;
@@ -186,7 +186,7 @@ def normalize_batch(batch: torch.Tensor, out: torch.Tensor | None = None) -> tor
 def build_pil_transform(train: bool, image_size: int, augment: str = "basic",
                         crop_scale: tuple[float, float] = CROP_SCALE) -> Callable:
     """The same operations with classic `torchvision.transforms` on PIL images, ending in
-    ToTensor: the per-file pipeline that seed 000 implies. Only the benchmark's baseline uses it."""
+    ToTensor: the per-file pipeline that Article A implies. Only the benchmark's baseline uses it."""
     from torchvision import transforms as T
 
     aug = check_augment(augment)

@@ -1,4 +1,4 @@
-"""gpu_lab.diagnostics: what is wrong with my setup and my run, and what should I do (seed 000 §4).
+"""gpu_lab.diagnostics: what is wrong with my setup and my run, and what should I do (Article A).
 
     doctor()                                   environment report (NVML only: never initialises CUDA)
     estimate_memory(model, image_size, batch_size, precision, optimizer)   fake-tensor dry run
@@ -43,10 +43,10 @@ _API = {
     "StepTimer": "gpu_lab.diagnostics.timing",
     "memory_cap": "gpu_lab.diagnostics.memcap",
     "gpu_benchmark": "gpu_lab.diagnostics.gpubench",
-    "oom_report": "gpu_lab.launch.triage",
-    "comm_report": "gpu_lab.launch.triage",
-    "data_report": "gpu_lab.launch.triage",
-    "note": "gpu_lab.launch.triage",
+    "oom_report": "gpu_lab.diagnostics.explain",
+    "comm_report": "gpu_lab.diagnostics.explain",
+    "data_report": "gpu_lab.diagnostics.explain",
+    "note": "gpu_lab.diagnostics.explain",
 }
 
 __getattr__, __dir__, __all__ = lazy_api(__name__, _API)

@@ -1,6 +1,6 @@
 """Hardware advisor: the memory of one training step, which GPUs hold it, and what to switch on.
 
-Seed 000 §2.1 and §3.1 pick GPUs by model size (VGG16 → one P100 16 GB, ResNet-50 → four V100,
+Article A picks GPUs by model size (VGG16 → one P100 16 GB, ResNet-50 → four V100,
 ViT → eight A100 80 GB) without saying why. Here the "why" is measured: one training step (forward,
 loss, backward, optimizer step) runs as a dry run on fake tensors — they carry shapes, dtypes and
 sizes but no data, so ResNet-50 at batch 256 costs seconds of CPU and no memory — while torch's
@@ -16,7 +16,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from ..units import fmt_bytes
-from .hardware import GPU_CLASSES, SEED_PICKS, GPUClass, by_name, usable_bytes
+from .hardware import GPU_CLASSES, ARTICLE_PICKS, GPUClass, by_name, usable_bytes
 from .cudasafe import cuda_probe_off
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
@@ -86,7 +86,7 @@ class GPUFit:
     fits_one: bool
     min_gpus: int | None       # data-parallel GPUs needed to hold the global batch (None: > max)
     per_gpu_batch: int | None
-    seed_pick: str | None      # "seed 000 §2.1: 4× V100 32GB" when the seed names this class
+    article_pick: str | None      # "Article A's pick: 4× V100 32GB" when the article names it
 
 
 @dataclass
@@ -123,7 +123,7 @@ class Advice:
         for f in self.fits:
             n = "—" if f.min_gpus is None else f"{f.min_gpus} (batch {f.per_gpu_batch} each)"
             lines.append(f"  {f.gpu:<12} {fmt_bytes(f.usable_bytes):>10}  {'yes' if f.fits_one else 'no':<8}  {n}"
-                         + (f"   ← {f.seed_pick}" if f.seed_pick else ""))
+                         + (f"   ← {f.article_pick}" if f.article_pick else ""))
         if self.remedies:
             lines += ["", f"Does not fit one {self.target}: what to switch on, with its peak:"]
             for r in self.remedies:
@@ -139,13 +139,13 @@ class Advice:
                "<table><tr>" + "".join(f"<th>{e(k)}</th>" for k, _ in est.rows()) + "</tr><tr>"
                + "".join(f"<td>{fmt_bytes(v)}</td>" for _, v in est.rows()) + "</tr></table>",
                "<table><tr><th>GPU</th><th>usable</th><th>one GPU?</th>"
-               f"<th>GPUs for batch {est.batch_size}</th><th>seed 000 §2.1</th></tr>"]
+               f"<th>GPUs for batch {est.batch_size}</th><th>Article A's pick</th></tr>"]
         for f in self.fits:
             n = "—" if f.min_gpus is None else f"{f.min_gpus} (batch {f.per_gpu_batch} each)"
             color = "#1a7f37" if f.fits_one else "#b00"
             out.append(f"<tr><td>{e(f.gpu)}</td><td>{fmt_bytes(f.usable_bytes)}</td>"
                        f"<td style='color:{color}'>{'yes' if f.fits_one else 'no'}</td><td>{e(n)}</td>"
-                       f"<td>{e(f.seed_pick or '')}</td></tr>")
+                       f"<td>{e(f.article_pick or '')}</td></tr>")
         out.append("</table>")
         if self.remedies:
             out.append(f"<b>Does not fit one {e(self.target or '')}:</b><ol>")
@@ -365,7 +365,7 @@ def measure_memory(model: str, image_size: int = 224, batch_size: int = 32,
 
 def _fits(est: MemoryEstimate, gpus: list[GPUClass], max_gpus: int) -> list[GPUFit]:
     out = []
-    seed = SEED_PICKS.get(est.model)
+    seed = ARTICLE_PICKS.get(est.model)
     for g in gpus:
         usable = usable_bytes(g)
         n_needed = per = None
@@ -374,7 +374,7 @@ def _fits(est: MemoryEstimate, gpus: list[GPUClass], max_gpus: int) -> list[GPUF
             if est.peak_for_batch(b) <= usable:
                 n_needed, per = n, b
                 break
-        pick = f"seed 000 §2.1: {seed[0]}× {seed[1]}" if seed and seed[1] == g.name else None
+        pick = f"Article A's pick: {seed[0]}× {seed[1]}" if seed and seed[1] == g.name else None
         out.append(GPUFit(g.name, g.memory_gb, usable, est.peak_bytes <= usable, n_needed, per, pick))
     return out
 
@@ -417,7 +417,7 @@ def advise(model: str, image_size: int = 224, batch_size: int = 32, precision: s
            gpus: list[str] | None = None, max_gpus: int = 8, measure_switches: bool = True,
            estimate: MemoryEstimate | None = None) -> Advice:
     """Which GPU classes hold one training step, how many of each the global batch needs, and —
-    where one `target` GPU (default: the seed's pick for the model, else the smallest class) is not
+    where one `target` GPU (default: Article A's pick for the model, else the smallest class) is not
     enough — what to switch on, each with its estimated peak (measured by more dry runs when
     `measure_switches`)."""
     est = estimate or estimate_memory(model, image_size, batch_size, precision, optimizer,
@@ -425,7 +425,7 @@ def advise(model: str, image_size: int = 224, batch_size: int = 32, precision: s
     classes = [by_name(g) for g in gpus] if gpus else list(GPU_CLASSES)
     fits = _fits(est, classes, max_gpus)
     if target is None:
-        seed = SEED_PICKS.get(model)
+        seed = ARTICLE_PICKS.get(model)
         target = seed[1] if seed else min(classes, key=lambda g: g.memory_gb).name
     tgt = by_name(target)
     remedies = [] if est.peak_bytes <= usable_bytes(tgt) else _remedies(est, classes, measure_switches)

@@ -1,4 +1,4 @@
-"""All-reduce benchmark, like nccl-tests' all_reduce_perf (seed 000 §4.1: "test AllReduce with
+"""All-reduce benchmark, like nccl-tests' all_reduce_perf (Article A: "test AllReduce with
 nccl-tests"), run on N ranks through gpu_lab.launch: gloo on CPUs, NCCL on GPUs.
 
 For each message size S it times an in-place all-reduce (sum) and prints, as nccl-tests does:

@@ -1,3 +1,4 @@
+# Long: one report made of many small, independent checks (system, GPUs, topology, host, env).
 """gpu_lab.doctor(): what this machine is, and what in its setup will hurt training.
 
 Sections: system (OS, Python, torch and its CUDA / cuDNN / NCCL, the driver), gpus (through NVML:
@@ -409,14 +410,14 @@ def env_findings(env: dict, host: dict, gpus: dict) -> list[Finding]:
                            f"={v} makes every CUDA kernel launch wait until the kernel finishes: the "
                            "CPU can no longer queue work ahead of the GPU, so training slows down, "
                            "often by tens of percent. It is a debugging switch (an error then points "
-                           "at the kernel that caused it), not a speed-up — seed 000 §3.2 recommends "
+                           "at the kernel that caused it), not a speed-up: some guides recommend "
                            "it for speed, which is wrong. Unset it for training."))
     v = env.get("NVIDIA_TF32_OVERRIDE")
     if v == "0":
         out.append(Finding(WARNING, "NVIDIA_TF32_OVERRIDE",
                            "=0 forbids TF32 tensor-core math on Ampere and newer GPUs: fp32 matrix "
                            "multiplies and convolutions fall back to plain fp32 (A100: 19.5 instead "
-                           "of 156 TFLOPS). Seed 000 §3.2 sets it next to CUDA_LAUNCH_BLOCKING; unset "
+                           "of 156 TFLOPS). Unset "
                            "it unless you need bit-exact fp32, or train in bf16."))
     v = env.get("CUDA_VISIBLE_DEVICES")
     if v is not None and v.strip() in ("", "-1", "none", "NoDevFiles"):
@@ -426,7 +427,7 @@ def env_findings(env: dict, host: dict, gpus: dict) -> list[Finding]:
     if v and v.upper() in ("INFO", "TRACE"):
         out.append(Finding(INFO, "NCCL_DEBUG",
                            f"={v}: NCCL logs its topology and every communicator — right for a "
-                           "diagnosis (seed 000 §4.1), noisy for production runs."))
+                           "diagnosis, noisy for production runs."))
     for k, what in (("NCCL_P2P_DISABLE", "GPU-to-GPU copies go through host memory instead of "
                                          "NVLink/PCIe peer-to-peer"),
                     ("NCCL_SHM_DISABLE", "processes on one host stop using shared memory"),
@@ -467,7 +468,7 @@ def env_findings(env: dict, host: dict, gpus: dict) -> list[Finding]:
     if len(nodes) > 1 and gpus.get("count"):
         out.append(Finding(INFO, "NUMA",
                            f"{len(nodes)} NUMA nodes, GPUs on node(s) {sorted(gpu_nodes) or '?'}: bind "
-                           "each rank to its GPU's node (seed 003 §3.2) — ACCELERATE_CPU_AFFINITY=1 "
+                           "each rank to its GPU's node: ACCELERATE_CPU_AFFINITY=1 "
                            "does it for accelerate launches, `numactl --cpunodebind=N --membind=N` "
                            "otherwise." + (" (set)" if env.get("ACCELERATE_CPU_AFFINITY") == "1" else "")))
     return out

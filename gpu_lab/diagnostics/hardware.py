@@ -1,7 +1,7 @@
 """GPU classes: memory and dense peak throughput, from NVIDIA's data sheets.
 
-Seed 000 §2.1 picks hardware by model size (VGG16 → one P100 16 GB, ResNet-50 → four V100 32 GB,
-ViT → eight A100 80 GB), §3.1 adds A40 and §5 the H200 with 141 GB. The advisor checks those picks
+Article A picks hardware by model size (VGG16 → one P100 16 GB, ResNet-50 → four V100 32 GB,
+ViT → eight A100 80 GB), adds A40 and the H200 with 141 GB. The advisor checks those picks
 against a measured memory estimate, and the GPU benchmark divides by the peak to get MFU.
 
 Peaks are dense (no 2:4 sparsity), in TFLOPS, for the SXM board where one exists. None means the
@@ -35,7 +35,7 @@ class GPUClass:
                 "bf16": self.bf16_tflops, "fp16": self.fp16_tflops or self.bf16_tflops}.get(precision)
 
 
-#: from small to large memory; seed 000's picks are P100 16GB, V100 32GB, A40, A100 80GB, H200
+#: from small to large memory; Article A's picks are P100 16GB, V100 32GB, A40, A100 80GB, H200
 GPU_CLASSES: tuple[GPUClass, ...] = (
     GPUClass("T4 16GB", 16, 8.1, None, None, 65.0, "Turing", ("t4",)),
     GPUClass("P100 16GB", 16, 10.6, None, None, 21.2, "Pascal", ("p100",)),
@@ -50,8 +50,8 @@ GPU_CLASSES: tuple[GPUClass, ...] = (
     GPUClass("H200 141GB", 141, 67.0, 494.7, 989.4, 989.4, "Hopper", ("h200",)),
 )
 
-#: seed 000 §2.1: model size → instance type (the advisor shows whether memory agrees)
-SEED_PICKS: dict[str, tuple[int, str]] = {
+#: Article A: model size → instance type (the advisor shows whether memory agrees)
+ARTICLE_PICKS: dict[str, tuple[int, str]] = {
     "vgg16": (1, "P100 16GB"),
     "resnet50": (4, "V100 32GB"),
     "vit_b_16": (8, "A100 80GB"),
@@ -89,5 +89,5 @@ def classes_with_memory(need_bytes: float) -> list[str]:
             if usable_bytes(g) >= need_bytes]
 
 
-__all__ = ["GPUClass", "GPU_CLASSES", "SEED_PICKS", "by_name", "classes_with_memory",
+__all__ = ["GPUClass", "GPU_CLASSES", "ARTICLE_PICKS", "by_name", "classes_with_memory",
            "usable_bytes", "CONTEXT_RESERVE_BYTES", "FRAGMENTATION"]

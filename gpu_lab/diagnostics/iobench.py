@@ -1,6 +1,6 @@
 """I/O benchmark for a data directory, and a live iostat-like view of the disks during a run.
 
-Seed 000 §4.1: "I/O slowdowns: watch `iostat -x 1`; more loader workers, prefetch". Two questions
+Article A: "I/O slowdowns: watch `iostat -x 1`; more loader workers, prefetch". Two questions
 come before tuning the loader: how fast can this directory be read at all, and is the disk busy
 while training runs?
 
@@ -25,7 +25,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-MiB = 2**20
+from ..units import MiB
+
 SEQ_BLOCK = 4 * MiB
 RAND_BLOCK = 4096
 

@@ -39,8 +39,8 @@ class Panel:
 GPU_PANELS = (
     Panel("GPU utilisation", f"DCGM_FI_DEV_GPU_UTIL{{{_GPU}}}", "percent",
           "{{Hostname}} GPU {{gpu}}",
-          "Share of time a kernel ran on the GPU (nvidia-smi's GPU-Util). Seed 003 wants "
-          "more than 70% during training; lower usually means the input pipeline is the limit."),
+          "Share of time a kernel ran on the GPU (nvidia-smi's GPU-Util). Keep it "
+          "above 70% during training; lower usually means the input pipeline is the limit."),
     Panel("GPU memory used", f"DCGM_FI_DEV_FB_USED{{{_GPU}}}", "mbytes",
           "{{Hostname}} GPU {{gpu}}",
           "Device memory in use (MiB). Near the board's total, the next larger batch runs out "

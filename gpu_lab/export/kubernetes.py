@@ -116,8 +116,8 @@ def kubernetes(spec: JobSpec) -> Export:
         f"{spec.shm_size}: DataLoader workers pass batches through shared memory, and a "
         "container's default 64 MiB ends in 'bus error' at the first large batch.",
         "",
-        "Seed 003 §3.1 schedules a Kubeflow TFJob with `nvidia.com/gpu` limits; for PyTorch the "
-        "same operator runs a PyTorchJob. It sets MASTER_ADDR, MASTER_PORT and RANK (the pod's "
+        "Kubeflow's training operator schedules GPU jobs with `nvidia.com/gpu` limits; for "
+        "PyTorch it runs a PyTorchJob. It sets MASTER_ADDR, MASTER_PORT and RANK (the pod's "
         "index) in every pod; the container's torchrun uses them as rendezvous and node rank and "
         f"starts {g} rank(s) per pod, each running `gpu_lab.run_entry {spec.entry}` with the "
         f"TrainConfig mounted from the ConfigMap at {CONFIG_MOUNT}/config.json.",

@@ -84,7 +84,7 @@ def slurm(spec: JobSpec) -> Export:
         "ids into torch.distributed's ranks and records the run in the registry as "
         "`slurm-<job id>`.",
         "",
-        f"Seed 003 §3.1 schedules GPU jobs with Slurm. The part that saves work is the end of a "
+        f"The part of a Slurm job that saves work is the end of a "
         f"time slot: `--signal=SIGUSR1@{SIGNAL_LEAD_S}` sends SIGUSR1 to every rank "
         f"{SIGNAL_LEAD_S} s before the limit; the training toolkit's PreemptionGuard finishes "
         f"the step, writes a checkpoint and exits {PREEMPT_EXIT_CODE}; srun returns "

@@ -39,7 +39,7 @@ def torchrun(spec: JobSpec) -> Export:
         "registry, where `gpu_lab.runs()` and the JupyterLab panel show them next to notebook "
         "runs. No kernel has to listen.",
         "",
-        "Seed 000 §2.3 launches `torchrun --nproc_per_node=8 train.py --precision bf16`. Here "
+        "A typical launch is `torchrun --nproc_per_node=8 train.py --precision bf16`. Here "
         f"the precision is part of `{spec.config_path}` (mixed_precision={prec!r}), so the "
         "notebook, this command and the cluster files all read one config and cannot disagree.",
     ]

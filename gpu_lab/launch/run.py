@@ -1,3 +1,4 @@
+# Long: one handle for a run, whoever launched it: state, events, control, results, resume.
 """Run: a handle on one training run, from the kernel that launched it or from any other process.
 
 The run's record belongs to the run: its supervisor records every event in the registry and

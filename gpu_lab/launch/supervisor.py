@@ -1,3 +1,4 @@
+# Long: everything that runs in the forked supervisor and in its ranks, fixed before the fork.
 """Code that runs in the forked supervisor and in each rank.
 
 The supervisor is forked from the kernel (which is still CUDA-free), becomes the leader of its own

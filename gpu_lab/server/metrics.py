@@ -1,4 +1,4 @@
-"""Prometheus exposition of GPU, host and run metrics (seed 003 §3.2: "Prometheus + Grafana").
+"""Prometheus exposition of GPU, host and run metrics (Article B: "Prometheus + Grafana").
 
 Built on demand for each scrape from the shared sampler's latest sample and the run registry, in the
 extension's thread pool. Three families, each switched by a GpuLabServer setting (settings.py):
@@ -21,12 +21,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from ..units import MiB
 from . import dcgm
 from .wire import sample_to_wire
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 RECENT_RUNS = 20
-MiB = 1024 * 1024
 
 # (sample key, metric name, help, scale to base unit)
 GPU_GAUGES = (

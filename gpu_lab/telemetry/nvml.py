@@ -36,7 +36,7 @@ GPU_FIELDS: dict[str, tuple[type, str, str]] = {
     "mem_used_mb": (float, "MiB", "device memory in use"),
     "mem_free_mb": (float, "MiB", "device memory free"),
     "mem_total_mb": (float, "MiB", "device memory installed"),
-    "mem_used_pct": (float, "%", "mem_used / mem_total (gpu_lab warns at 95%, seed 000 §2.2)"),
+    "mem_used_pct": (float, "%", "mem_used / mem_total (gpu_lab warns at 95%)"),
     "temperature_c": (float, "°C", "GPU core temperature"),
     "power_w": (float, "W", "board power draw"),
     "power_limit_w": (float, "W", "enforced power limit"),

@@ -292,7 +292,7 @@ def storage_message(reason: str, checkpoint: str, folder: Path, needed: int | No
 
 
 def _human(n: int) -> str:
-    from ..launch.triage import fmt_bytes
+    from ..units import fmt_bytes
 
     return fmt_bytes(n)
 

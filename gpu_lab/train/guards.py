@@ -1,4 +1,4 @@
-"""Guards: callbacks that keep a run from losing work (seed 000 §3.3 spot instances, §2.2 memory).
+"""Guards: callbacks that keep a run from losing work (Article A's spot-instance and memory advice).
 
 - PreemptionGuard: SIGTERM / SIGUSR1 set a flag; the ranks agree at the next step boundary, save a
   checkpoint and leave with exit code 143 (128 + SIGTERM, what schedulers expect).

@@ -1,3 +1,5 @@
+# Long: the fit loop reads top to bottom in one file; its parts (checkpoints, evaluation, guards,
+# schedules, resume) live in modules of their own.
 """fit(): one training loop that carries the documents' optimisations as TrainConfig switches.
 
 It reads top to bottom: build the Accelerator, prepare model / optimizer / data, restore the newest
@@ -70,7 +72,7 @@ def release_accelerator_state() -> None:
 
 
 def powersgd_handler(total_steps: int):
-    """DDP kwargs that register the PowerSGD hook (seed 000 §2.2: −70% gradient traffic).
+    """DDP kwargs that register the PowerSGD hook (Article A: −70% gradient traffic).
 
     PowerSGD runs plain all-reduce for its first `start_powerSGD_iter` iterations (the gradients
     are still large and noisy), then rank-1 compression with error feedback; here that warm-up is
@@ -91,9 +93,22 @@ def default_loss(outputs, targets):
 
 
 @dataclass
-class _Run:
-    """Mutable loop state that survives an OOM retry (what a restart from a step boundary needs)."""
+class _Loop:
+    """Everything the loop's steps share: what fit() built (the prepared model, optimizer, ...)
+    and the loop's own state, which survives an OOM retry (what a restart from a step boundary
+    needs). TrainState is the part the callbacks see."""
 
+    acc: Any = None
+    model: Any = None
+    optimizer: Any = None
+    scheduler: Any = None
+    state: TrainState | None = None
+    cbs: CallbackList | None = None
+    cfg: Any = None
+    loss_fn: Callable | None = None
+    eval_loader: Any = None
+    train_data: Any = None
+    pin: bool = False
     loader: Any = None
     per_rank: bool = False       # the loader yields this rank's batches already (shard_loader)
     micro: int = 0
@@ -155,19 +170,19 @@ def _fit(acc, model, train_data, cfg, eval_data, callbacks, loss_fn, guards, out
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
     optimizer = build_optimizer(model, cfg, zero=zero)
-    run = _Run(micro=cfg.batch_size, accum=cfg.grad_accum_steps)
+    lp = _Loop(micro=cfg.batch_size, accum=cfg.grad_accum_steps)
     pin = acc.device.type == "cuda"
-    run.per_rank = is_per_rank(train_data)
-    if run.per_rank:  # already this rank's batches: used as they are (batches moved to the device)
-        run.loader = train_data
-        _batches_to(run.loader, acc.device)
-        n = micro_batches_per_epoch(run.loader)
-        spe = None if n is None else max(1, n // run.accum)  # only full accumulations step
+    lp.per_rank = is_per_rank(train_data)
+    if lp.per_rank:  # already this rank's batches: used as they are (batches moved to the device)
+        lp.loader = train_data
+        _batches_to(lp.loader, acc.device)
+        n = micro_batches_per_epoch(lp.loader)
+        spe = None if n is None else max(1, n // lp.accum)  # only full accumulations step
     else:
-        raw_loader = make_loader(train_data, run.micro, shuffle=True, num_workers=cfg.num_workers,
+        raw_loader = make_loader(train_data, lp.micro, shuffle=True, num_workers=cfg.num_workers,
                                  seed=cfg.seed, pin_memory=pin)
-        run.loader = acc.prepare(raw_loader)  # sharded: each rank sees len(run.loader) micro-batches
-        spe = steps_per_epoch(micro_batches_per_epoch(run.loader), run.accum)
+        lp.loader = acc.prepare(raw_loader)  # sharded: each rank sees len(lp.loader) micro-batches
+        spe = steps_per_epoch(micro_batches_per_epoch(lp.loader), lp.accum)
     if cfg.max_steps is None and spe is None:
         raise ValueError("TrainConfig.max_steps: the training data has no length (an iterable "
                          "pipeline), so epochs cannot be counted; set max_steps")
@@ -180,20 +195,24 @@ def _fit(acc, model, train_data, cfg, eval_data, callbacks, loss_fn, guards, out
     eval_loader = None
     if eval_data is not None:  # this rank's share, never padded or resampled (see evaluation.py)
         eval_loader = eval_batches(eval_data, rank=acc.process_index, world=world,
-                                   batch_size=run.micro, num_workers=cfg.num_workers,
+                                   batch_size=lp.micro, num_workers=cfg.num_workers,
                                    seed=cfg.seed, pin_memory=pin)
         _batches_to(eval_loader, acc.device)
     scheduler = build_scheduler(getattr(optimizer, "optimizer", optimizer), cfg, total_steps)
 
     state = TrainState(config=cfg, accelerator=acc, model=model, optimizer=optimizer,
-                       scheduler=scheduler, total_steps=total_steps, micro_batch_size=run.micro,
-                       grad_accum_steps=run.accum, output_dir=out_dir,
+                       scheduler=scheduler, total_steps=total_steps, micro_batch_size=lp.micro,
+                       grad_accum_steps=lp.accum, output_dir=out_dir,
                        lr=scheduler.get_last_lr()[0], is_main_process=acc.is_main_process,
                        rank=acc.process_index)
     extra: list[Callback] = default_guards(cfg) if guards else []
     if cfg.profile_steps:
         extra.append(ProfilerWindow(cfg.profile_steps))
     cbs = CallbackList([*extra, *callbacks])
+    lp.acc, lp.model, lp.optimizer, lp.scheduler, lp.state, lp.cbs = (acc, model, optimizer,
+                                                                      scheduler, state, cbs)
+    lp.cfg, lp.loss_fn, lp.eval_loader, lp.train_data, lp.pin = (cfg, loss_fn, eval_loader,
+                                                                 train_data, pin)
 
     # --- resume ------------------------------------------------------------------------------------
     # On purpose (resume_from, set by launch(..., resume=...)), or from this output folder's newest
@@ -213,11 +232,11 @@ def _fit(acc, model, train_data, cfg, eval_data, callbacks, loss_fn, guards, out
         state.epoch = int(restored["epoch"])
         state.samples_seen = int(restored.get("samples_seen", 0))
         # the position is counted in micro-batches of the saved run's size
-        saved_micro = int(restored.get("micro_batch_size", run.micro))
-        state.batch_in_epoch = int(restored["batch_in_epoch"]) * saved_micro // run.micro
-        run.boundary_batch = state.batch_in_epoch
-        run.pending_rng = restored["rng"]
-        run.last_saved_step = state.step if Path(info.path).parent == checkpoint_dir(out_dir) \
+        saved_micro = int(restored.get("micro_batch_size", lp.micro))
+        state.batch_in_epoch = int(restored["batch_in_epoch"]) * saved_micro // lp.micro
+        lp.boundary_batch = state.batch_in_epoch
+        lp.pending_rng = restored["rng"]
+        lp.last_saved_step = state.step if Path(info.path).parent == checkpoint_dir(out_dir) \
             else -1  # a checkpoint in another run's folder: this run saves its own at the end
         state.last_checkpoint = info.path
         state.lr = _follow_config_schedule(scheduler, cfg, total_steps)
@@ -236,33 +255,32 @@ def _fit(acc, model, train_data, cfg, eval_data, callbacks, loss_fn, guards, out
         while True:
             failure = None
             try:
-                _train(acc, model, optimizer, scheduler, run, state, cbs, cfg, loss_fn,
-                       eval_loader, train_data)
+                _train(lp)
                 break
             except Exception as e:  # noqa: BLE001 - only OOM is handled; the rest is re-raised
                 if not oom.is_oom(e):
                     raise
-                failure = oom.triage(cfg, step=state.step, micro_batch=run.micro,
-                                     accum=run.accum, num_processes=world, error=e)
+                failure = oom.triage(cfg, step=state.step, micro_batch=lp.micro,
+                                     accum=lp.accum, num_processes=world, error=e)
             # out of the except block: the traceback (and the tensors its frames hold) is gone
             oom.free_memory()
-            smaller = oom.smaller_batch(run.micro, run.accum)
-            rebuildable = not (_is_loader(train_data) or run.per_rank)
+            smaller = oom.smaller_batch(lp.micro, lp.accum)
+            rebuildable = not (_is_loader(train_data) or lp.per_rank)
             if not (cfg.oom_retry and world == 1 and smaller and rebuildable):
                 raise oom.TrainingOutOfMemoryError(failure)
-            _retry_smaller(acc, optimizer, run, state, cfg, train_data, smaller, pin)
+            _retry_smaller(lp, smaller)
 
         # --- the end: final evaluation and checkpoint ----------------------------------------------
-        if eval_loader is not None and run.last_eval_step != state.step:
-            _evaluate(acc, model, eval_loader, loss_fn, run, state, cbs)
-        if run.last_saved_step != state.step:
-            _save(acc, model, optimizer, scheduler, run, state, cbs, cfg, "final")
+        if eval_loader is not None and lp.last_eval_step != state.step:
+            _evaluate(lp)
+        if lp.last_saved_step != state.step:
+            _save(lp, "final")
     except BaseException as exc:
         if not isinstance(exc, Preempted):  # a preemption already ran on_fit_end
             cbs.call("on_exception", state, exc)
         raise
 
-    summary = _summary(acc, cfg, run, state, t_start, resumed_from, world)
+    summary = _summary(lp, t_start, resumed_from)
     cbs.call("on_fit_end", state, summary)
     return summary
 
@@ -274,11 +292,14 @@ def _batches_to(loader, device) -> None:
         loader.device = device
 
 
-def _train(acc, model, optimizer, scheduler, run: _Run, state: TrainState, cbs: CallbackList, cfg,
-           loss_fn, eval_loader, train_data) -> None:
+def _train(lp: _Loop) -> None:
     """Optimizer steps from the current position until total_steps, a stop, or an exception."""
     import torch
     from accelerate.utils import send_to_device
+
+    acc, model, optimizer, scheduler, state, cbs, cfg = (lp.acc, lp.model, lp.optimizer,
+                                                         lp.scheduler, lp.state, lp.cbs, lp.cfg)
+    loss_fn, eval_loader, run = lp.loss_fn, lp.eval_loader, lp
 
     world = acc.num_processes
     channels_last = cfg.channels_last
@@ -387,14 +408,14 @@ def _train(acc, model, optimizer, scheduler, run: _Run, state: TrainState, cbs: 
                 if cfg.tensorboard:
                     acc.log(metrics, step=state.step)
                 cbs.call("on_log", state, metrics)
-                if _act_on_requests(acc, model, optimizer, scheduler, run, state, cbs, cfg):
+                if _act_on_requests(lp):
                     return
 
             if ckpt_every and state.step % ckpt_every == 0 and run.last_saved_step != state.step:
-                _save(acc, model, optimizer, scheduler, run, state, cbs, cfg, "periodic")
+                _save(lp, "periodic")
             if eval_loader is not None and (
                     (eval_every and state.step % eval_every == 0) or (not eval_every and epoch_done)):
-                _evaluate(acc, model, eval_loader, loss_fn, run, state, cbs)
+                _evaluate(lp)
                 model.train()
                 t_log = perf()  # evaluation time is not training throughput
         if not epoch_done and state.step < state.total_steps:  # got == 0: next epoch
@@ -402,8 +423,9 @@ def _train(acc, model, optimizer, scheduler, run: _Run, state: TrainState, cbs: 
             state.batch_in_epoch = run.boundary_batch = 0
 
 
-def _act_on_requests(acc, model, optimizer, scheduler, run, state, cbs, cfg) -> bool:
+def _act_on_requests(lp: _Loop) -> bool:
     """Agree on the callbacks' requests across ranks and act; True when training must end."""
+    acc, state, cbs, cfg = lp.acc, lp.state, lp.cbs, lp.cfg
     agreed = _agree(acc, state.requests)
     state.requests.clear()
     if not agreed:
@@ -416,7 +438,7 @@ def _act_on_requests(acc, model, optimizer, scheduler, run, state, cbs, cfg) -> 
             f"instead of fp16.")
     saving = [r for r in ("preempt", "memory", "stop", "checkpoint") if r in agreed]
     if saving:
-        _save(acc, model, optimizer, scheduler, run, state, cbs, cfg, "+".join(saving))
+        _save(lp, "+".join(saving))
     if "preempt" in agreed:
         signum = next((cb.received for cb in cbs if isinstance(cb, PreemptionGuard)), None)
         summary = {"steps": state.step, "checkpoint": str(state.last_checkpoint),
@@ -429,7 +451,7 @@ def _act_on_requests(acc, model, optimizer, scheduler, run, state, cbs, cfg) -> 
             get_reporter().flush(1.0)
         raise preempted
     if "stop" in agreed:
-        run.stopped = "stop"
+        lp.stopped = "stop"
         return True
     return False
 
@@ -489,25 +511,29 @@ def _agreed_checkpoint(acc, find: Callable):
     return info
 
 
-def _save(acc, model, optimizer, scheduler, run: _Run, state: TrainState, cbs, cfg, reason: str):
+def _save(lp: _Loop, reason: str) -> None:
+    acc, state, cfg, run = lp.acc, lp.state, lp.cfg, lp
     if run.last_saved_step != state.step:
         trainer_state = {"step": state.step, "epoch": state.epoch,
                          "batch_in_epoch": state.batch_in_epoch, "samples_seen": state.samples_seen,
                          "micro_batch_size": run.micro, "grad_accum_steps": run.accum,
                          "num_processes": acc.num_processes, "reason": reason,
                          "config": cfg.to_dict(), "time": time.time()}
-        path = save_training_state(acc, model, optimizer, scheduler, root=checkpoint_dir(state.output_dir),
-                                   step=state.step, trainer_state=trainer_state, keep_last=cfg.keep_last)
+        path = save_training_state(acc, lp.model, lp.optimizer, lp.scheduler,
+                                   root=checkpoint_dir(state.output_dir), step=state.step,
+                                   trainer_state=trainer_state, keep_last=cfg.keep_last)
         run.last_saved_step = state.step
         state.last_checkpoint = path
         if acc.is_main_process:
             get_reporter().log(f"checkpoint step {state.step} ({reason}): {path}")
-    cbs.call("on_checkpoint", state, state.last_checkpoint, reason)
+    lp.cbs.call("on_checkpoint", state, state.last_checkpoint, reason)
 
 
-def _evaluate(acc, model, loader, loss_fn, run: _Run, state: TrainState, cbs) -> dict:
+def _evaluate(lp: _Loop) -> dict:
     """Accuracy and mean loss over the whole eval set, every sample exactly once over all ranks
     (evaluation.evaluate), and how many samples that was (eval_samples)."""
+    acc, model, loader, loss_fn, state, cbs = (lp.acc, lp.model, lp.eval_loader, lp.loss_fn,
+                                               lp.state, lp.cbs)
     module = acc.unwrap_model(model, keep_torch_compile=False)  # no DDP collectives per batch
     metrics = evaluate(module, loader, None if loss_fn is default_loss else loss_fn,
                        device=acc.device, world=acc.num_processes,
@@ -515,8 +541,8 @@ def _evaluate(acc, model, loader, loss_fn, run: _Run, state: TrainState, cbs) ->
     if not metrics["eval_samples"]:
         log.warning("evaluation at step %d saw no samples: the eval data is empty (or every sample "
                     "was skipped by the loader's error policy)", state.step)
-    run.eval_metrics = metrics
-    run.last_eval_step = state.step
+    lp.eval_metrics = metrics
+    lp.last_eval_step = state.step
     state.metrics.update(metrics)
     report(step=state.step, **metrics)
     if state.config.tensorboard:  # the curves; the sample count is in the stream and the summary
@@ -525,9 +551,10 @@ def _evaluate(acc, model, loader, loss_fn, run: _Run, state: TrainState, cbs) ->
     return metrics
 
 
-def _retry_smaller(acc, optimizer, run: _Run, state: TrainState, cfg, train_data, smaller, pin):
+def _retry_smaller(lp: _Loop, smaller: tuple[int, int]) -> None:
     """Continue from the last step boundary with a smaller per-device batch and more accumulation
     (the global batch, and so the training math, unchanged)."""
+    acc, optimizer, state, cfg, run = lp.acc, lp.optimizer, lp.state, lp.cfg, lp
     micro, accum = smaller
     optimizer.zero_grad(set_to_none=True)  # drop the half-accumulated gradients of the failed step
     position = run.boundary_batch * run.micro  # samples into the epoch, per rank
@@ -542,11 +569,13 @@ def _retry_smaller(acc, optimizer, run: _Run, state: TrainState, cfg, train_data
     state.micro_batch_size, state.grad_accum_steps = micro, accum
     acc.gradient_accumulation_steps = accum
     acc.step = 0
-    run.loader = acc.prepare(make_loader(train_data, micro, shuffle=True, num_workers=cfg.num_workers,
-                                         seed=cfg.seed, pin_memory=pin))
+    run.loader = acc.prepare(make_loader(lp.train_data, micro, shuffle=True,
+                                         num_workers=cfg.num_workers, seed=cfg.seed,
+                                         pin_memory=lp.pin))
 
 
-def _summary(acc, cfg, run: _Run, state: TrainState, t_start: float, resumed_from, world) -> dict:
+def _summary(lp: _Loop, t_start: float, resumed_from: str | None) -> dict:
+    cfg, state, run, world = lp.cfg, lp.state, lp, lp.acc.num_processes
     loss = state.metrics.get("loss")
     return {
         "steps": state.step, "total_steps": state.total_steps, "epoch": state.epoch,

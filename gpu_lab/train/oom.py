@@ -1,5 +1,4 @@
-"""Out-of-memory triage and the halve-the-batch retry (seed 000 §4.1: "reduce batch_size, enable
-gradient checkpointing, free unused variables").
+"""Out of memory in the fit loop: the error with what to try, and the halve-the-batch retry.
 
 An OOM leaves the step half done: activations and gradients of the failed micro-batch are still
 referenced from the exception's traceback. The loop leaves the `except` block first (dropping the
@@ -45,26 +44,14 @@ def smaller_batch(micro_batch: int, accum: int) -> tuple[int, int] | None:
 
 
 def suggestions(config, micro_batch: int, accum: int, num_processes: int) -> list[str]:
-    """What to try, cheapest for the result first."""
-    out = []
-    smaller = smaller_batch(micro_batch, accum)
-    if smaller:
-        b, a = smaller
-        out.append(f"batch_size={b}, grad_accum_steps={a}: the same global batch of "
-                   f"{micro_batch * accum * num_processes}, so the same training math, in smaller "
-                   f"pieces" + ("" if config.oom_retry else " (oom_retry=True does this for you)"))
-    if config.mixed_precision == "no":
-        out.append("mixed_precision='bf16' (or 'fp16' on GPUs without bf16): activations take half "
-                   "the memory (seed 000 §2.2: −40%)")
-    if not config.activation_checkpointing:
-        out.append("activation_checkpointing=True: recompute activations in backward (≈40% less "
-                   "activation memory for ≈25% more compute)")
-    if not config.zero and num_processes > 1 and config.optimizer == "adamw":
-        out.append("zero=True: shard AdamW's two moment buffers across the ranks")
-    out.append(f"a smaller image_size (now {config.image_size}) or a smaller model (now {config.model})")
-    out.append("watch memory while it runs (GPUPanel, or `nvidia-smi -l 1`) to tell a leak from a "
-               "peak")
-    return out
+    """What to try, cheapest for the result first (gpu_lab.diagnostics.explain's advice)."""
+    from ..diagnostics.explain import oom_suggestions
+
+    return oom_suggestions(batch_size=micro_batch, grad_accum_steps=accum,
+                           num_processes=num_processes, mixed_precision=config.mixed_precision,
+                           activation_checkpointing=config.activation_checkpointing,
+                           zero=config.zero, oom_retry=config.oom_retry, model=config.model,
+                           image_size=config.image_size)
 
 
 def triage(config, *, step: int, micro_batch: int, accum: int, num_processes: int,

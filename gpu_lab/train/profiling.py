@@ -1,4 +1,4 @@
-"""A torch.profiler window over a few optimizer steps (seed 000 §2.2: "use Nsight Systems to find
+"""A torch.profiler window over a few optimizer steps (Article A: "use Nsight Systems to find
 the compute bottleneck" — torch.profiler is the in-process equivalent).
 
 The trace lands in `<output_dir>/profile/rank<r>.<ns>.pt.trace.json`, Chrome trace format: open it
