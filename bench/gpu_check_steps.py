@@ -266,7 +266,7 @@ def step_environment(ctx: Ctx) -> None:
     ctx.check("GPU_FIELDS lists 20+ metrics", len(GPU_FIELDS) >= 20, len(GPU_FIELDS))
     if ctx.dry:
         ctx.check("without a GPU, NVML is reported unavailable, not raised", gpus == [] and
-                  str(reason).startswith("NVML:"), reason)
+                  str(reason).startswith("NVML unavailable:"), reason)
         ctx.summary(f"doctor ran; NVML: {reason}")
         return
     ctx.check("NVML sees a GPU", len(gpus) >= 1, reason)
@@ -627,7 +627,7 @@ def step_loader(ctx: Ctx) -> None:
             batch_size=batch, max_steps=steps, mixed_precision="no" if ctx.dry else "bf16",
             channels_last=not ctx.dry, num_workers=workers, decode=decode, data_dir=str(root),
             output_dir=str(ctx.work / "runs" / decode))
-        run = gpu_lab.launch(train_and_tell, cfg, config=cfg, name=f"gpu-check-loader-{decode}")
+        run = gpu_lab.launch(train_and_tell, cfg, name=f"gpu-check-loader-{decode}")
         res = run.result(timeout=300)
         b = find_bottleneck(run, skip=1 if ctx.dry else 5)
         training[decode] = {"samples_per_s": round(b.samples_per_s or 0, 1),
@@ -679,19 +679,19 @@ from pathlib import Path
 sys.path.insert(0, {bench!r})
 import gpu_lab, gpu_check_steps as S
 cfg = gpu_lab.TrainConfig(**{cfg!r})
-run = gpu_lab.launch(S.train_and_tell, cfg, config=cfg, name="gpu-check-launch")
+run = gpu_lab.launch(S.train_and_tell, cfg, name="gpu-check-launch")
 returned_at_once = not run.done
 """,
     """
 reached = run.wait_for_step({stop_at}, timeout=240)
 seen = run.metrics.count("loss", 0)
 status = run.stop()
-saved = sorted(p.name for p in (Path(cfg.output_dir) / "checkpoints").glob("step_*"))
+saved = sorted(p.name for p in (Path(run.output_dir) / "checkpoints").glob("step_*"))
 """,
     """
 k = int(saved[-1].split("_")[1])
 cfg2 = cfg.replace(max_steps=k + {more})
-run2 = gpu_lab.launch(S.train_and_tell, cfg2, config=cfg2, name="gpu-check-resume")
+run2 = gpu_lab.launch(S.train_and_tell, cfg2, resume=run, name="gpu-check-resume")
 res = run2.result(timeout=240)
 torch = sys.modules.get("torch")
 print(json.dumps(dict(returned_at_once=returned_at_once, reached=reached, metrics_seen=seen,
@@ -771,7 +771,7 @@ def step_telemetry(ctx: Ctx) -> None:
                            mixed_precision="bf16", channels_last=True, max_steps=10**7,
                            num_workers=max(1, min(12, ctx.cores - 2)))
         n_windows, window_s = 8, 3.0
-    run = gpu_lab.launch(train_classifier, cfg, config=cfg, name="gpu-check-telemetry")
+    run = gpu_lab.launch(train_classifier, cfg, name="gpu-check-telemetry")
     try:
         if not run.wait_for_step(5, timeout=240):
             raise RuntimeError(f"run {run.id} {run.status}: {run.error}\n{run.logs(0, 30)}")

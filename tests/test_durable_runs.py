@@ -251,3 +251,17 @@ def test_runs_table_and_compare(tmp_path):
     assert len(gpu_lab.compare([a.id, b.id], x="time").data) == 2
     with pytest.raises(ValueError, match="none of these runs reported 'nope'"):
         gpu_lab.compare([a, b], metric="nope")
+
+
+def test_a_run_is_followed_in_the_registry_it_was_launched_with(tmp_path, monkeypatch):
+    """The process-wide receiver was made under one GPU_LAB_HOME; a run launched under another is
+    recorded there, and its handle still follows it (seen: a server test switched homes and its
+    run stayed 'pending' while it trained)."""
+    import launch_fns
+    from gpu_lab.stream.receiver import get_receiver
+
+    assert get_receiver().registry.path.parent != tmp_path / "elsewhere"
+    monkeypatch.setenv("GPU_LAB_HOME", str(tmp_path / "elsewhere"))
+    run = gpu_lab.launch(launch_fns.train_linear, 5, num_processes=2)
+    assert run.wait(120) == "succeeded"
+    assert run.metrics.count("loss", 1) == 5

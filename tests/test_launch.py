@@ -217,18 +217,15 @@ def test_poisoned_fork_is_refused_for_gpu_workers_only():
         checks.preflight("cpu")  # CPU workers never touch CUDA: allowed
 
 
-def _launch_after_asking_torch_for_cuda() -> tuple:
-    import torch
-
-    torch.cuda.is_available()  # what an optimizer step in a notebook cell does behind your back
-    run = gpu_lab.launch(launch_fns.train_linear, 2, num_processes=2)
-    return run.wait(120), str(run.error)
-
-
 def test_cpu_launch_works_after_torch_asked_for_cuda_in_the_kernel():
-    from gpu_lab.diagnostics.isolate import in_child
-
-    # in a child playing the kernel: asking torch for CUDA marks every later fork of the asking
-    # process as poisoned, and this test process forks on (other tests check that it does not)
-    status, error = in_child(_launch_after_asking_torch_for_cuda, timeout=300)
-    assert status == "succeeded", error
+    # a fresh interpreter plays the kernel: asking torch for CUDA marks every later fork of the
+    # asking process as poisoned, and this test process forks on (other tests check it does not)
+    probe = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+             "import torch, gpu_lab, launch_fns\n"
+             "torch.cuda.is_available()  # what an optimizer step in a cell does behind your back\n"
+             "run = gpu_lab.launch(launch_fns.train_linear, 2, num_processes=2)\n"
+             "status = run.wait(120)\n"
+             "print(status, run.error)\n"
+             "sys.exit(0 if status == 'succeeded' else 1)\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr

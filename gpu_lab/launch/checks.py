@@ -19,6 +19,9 @@ class PreflightError(RuntimeError):
         self.problem, self.remedy = problem, remedy
         super().__init__(f"{problem}\nWhat to do: {remedy}")
 
+    def __reduce__(self):  # it crosses process boundaries (gpu_lab.diagnostics.isolate)
+        return type(self), (self.problem, self.remedy)
+
 
 @dataclass
 class CudaState:

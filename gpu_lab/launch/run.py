@@ -219,7 +219,8 @@ class Run:
         if not self.owner:
             row = self._registry.get_run(self.id)
             row_address = row.get("events_address") if row else None
-        get_receiver().follow(self.id, self._on_events, after=self._seq, address=row_address)
+        get_receiver().follow(self.id, self._on_events, after=self._seq, address=row_address,
+                              registry=self._registry)
 
     def _load_history(self) -> None:
         """Apply the run's recorded events (an attach), on the calling thread."""

@@ -18,7 +18,7 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import events as ev
@@ -37,7 +37,7 @@ class _Follow:
     last_live: float = 0.0          # monotonic time of the last live message
     last_check: float = 0.0         # monotonic time of the last registry check
     final: bool = False             # a final status was delivered
-    backlog: list = field(default_factory=list)
+    registry: Any = None            # where the run is recorded (None: the default registry)
 
 
 class Receiver:
@@ -76,10 +76,11 @@ class Receiver:
 
     # --- subscriptions -----------------------------------------------------------------------------
     def follow(self, run_id: str, fn: Subscriber, *, after: int = 0,
-               address: str | None = None) -> None:
+               address: str | None = None, registry: Any = None) -> None:
         """Call fn(events) with every event of `run_id` whose seq > `after`, in order, once each.
-        `address` is the recorder's PUB address; without it the registry row is asked for it."""
-        self._commands.put(("follow", _Follow(run_id, fn, after, address)))
+        `address` is the recorder's PUB address; without it the registry row is asked for it.
+        `registry`: where the run is recorded (default: $GPU_LAB_HOME's, as it was first asked)."""
+        self._commands.put(("follow", _Follow(run_id, fn, after, address, registry=registry)))
 
     def unfollow(self, run_id: str, fn: Subscriber) -> None:
         self._commands.put(("unfollow", (run_id, fn)))
@@ -226,7 +227,7 @@ class Receiver:
     def _catch_up(self, f: _Follow, now: float, upto: int | None = None) -> None:
         f.last_check = now
         try:
-            missed = self.registry.events(f.run_id, after=f.delivered, upto=upto)
+            missed = (f.registry or self.registry).events(f.run_id, after=f.delivered, upto=upto)
         except Exception:  # noqa: BLE001 - a locked database: try again at the next check
             self.errors += 1
             return
@@ -243,7 +244,7 @@ class Receiver:
                     continue
                 self._catch_up(f, now)
                 try:
-                    row = self.registry.get_run(f.run_id)
+                    row = (f.registry or self.registry).get_run(f.run_id)
                 except Exception:  # noqa: BLE001
                     self.errors += 1
                     continue
