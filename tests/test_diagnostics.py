@@ -59,7 +59,7 @@ def test_doctor_json_has_every_section_and_flags_cuda_launch_blocking():
     assert {"matrix", "p2p", "legend"} <= set(d["topology"])
     topics = {w["topic"]: w for w in d["warnings"]}
     w = topics["CUDA_LAUNCH_BLOCKING"]
-    assert w["level"] == "warning" and "debugging" in w["message"] and "§3.2" in w["message"]
+    assert w["level"] == "warning" and "debugging" in w["message"] and "Unset it" in w["message"]
     assert topics["NVIDIA_TF32_OVERRIDE"]["level"] == "warning"
     assert topics["NCCL_P2P_DISABLE"]["level"] == "warning"
 
