@@ -82,8 +82,7 @@ def config(steps: int, batch_size: int) -> TrainConfig:
 
 
 def launch(cfg: TrainConfig):
-    return gpu_lab.launch(train_classifier, cfg, config=cfg, num_processes=cfg.num_processes,
-                          mixed_precision=cfg.mixed_precision)
+    return gpu_lab.launch(train_classifier, cfg)
 
 
 def one_run(cfg: TrainConfig, with_dashboard: bool, skip: int) -> tuple[float, float]:
