@@ -437,8 +437,8 @@ def _run_messages(run_loop, ws, run_id, until, timeout=60.0):
     raise AssertionError(f"condition not met in {timeout} s: {state}")
 
 
-def test_run_feed_one_read_per_tick_for_many_followers(jp_ws_fetch, jp_serverapp, run_loop,
-                                                       sampler, live_run):
+def test_run_feed_one_read_per_tick_for_many_followers(jp_ws_fetch, jp_fetch, jp_serverapp,
+                                                       run_loop, sampler, live_run):
     run_id, proc = live_run
     feeds = jp_serverapp.web_app.settings["gpu_lab"].feeds
     feeds.interval = 0.1
@@ -457,6 +457,10 @@ def test_run_feed_one_read_per_tick_for_many_followers(jp_ws_fetch, jp_serverapp
     assert first["logs"]["rank0.log"] == "before anyone followed\n"  # the tail
     assert first["rows"][0]["status"] == "running"
     _pump_until(run_loop, lambda: feeds.followers == 3, "three followers")
+    fams = _families(run_loop(jp_fetch("gpu-lab", "metrics")).body)  # what bench/server_load reads
+    assert fams["gpu_lab_server_run_feed_followers"].samples[0].value == 3
+    assert {x.labels["kind"] for x in fams["gpu_lab_server_run_feed_reads"].samples} == {
+        "shared", "catchup"}
     # new events and log lines (rank1.log appears meanwhile) reach every follower, in order,
     # once, over several ticks
     catchups = feeds.reads["catchup"]
