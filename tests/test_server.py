@@ -506,6 +506,44 @@ def test_run_feed_one_read_per_tick_for_many_followers(jp_ws_fetch, jp_fetch, jp
     assert feeds.followers == 0
 
 
+def test_a_followed_live_run_says_which_gpus_its_ranks_use(jp_ws_fetch, jp_fetch, run_loop,
+                                                           monkeypatch, live_run):
+    """While a view follows a live run, the shared sampler watches the run's processes: samples
+    carry the device memory they hold per GPU, and the view matches it to the ranks' pids."""
+    from gpu_lab.telemetry.doubles import FakeGPU
+
+    run_id, proc = live_run
+    other = proc.pid + 100000  # a process of someone else's on the second board
+    boards = [FakeGPU(uuid="GPU-run", processes={proc.pid: 3 * 1024**3}),
+              FakeGPU(uuid="GPU-other", processes={other: 1024**3})]
+    s = Sampler(interval=0.25, gpu=NVMLSampler(nvml=FakeNVML(boards), visible=None))
+    monkeypatch.setattr(sampler_mod, "_sampler", s)
+    monkeypatch.setattr(sampler_mod, "_sampler_pid", os.getpid())
+    try:
+        Registry().add_events(run_id, [{"rank": 0, "kind": "status", "t": time.time(),
+                                        "data": {"status": "running", "pid": proc.pid}}])
+        detail = _get(run_loop, jp_fetch, "runs", run_id)
+        assert detail["pids"] == {"0": proc.pid}
+        ws = run_loop(jp_ws_fetch("gpu-lab", "api", "telemetry", "ws", params={"interval": 0.25}))
+        ws.write_message(json.dumps({"follow": run_id, "after": detail["seq"]}))
+        for _ in range(40):
+            msg = _read_until(run_loop, ws, "sample")["sample"]
+            if msg["gpus"][0].get("process_mem_mb"):
+                break
+        assert msg["gpus"][0]["process_mem_mb"] == {str(proc.pid): 3072.0}
+        assert not msg["gpus"][1].get("process_mem_mb")  # not the run's
+        ws.close()
+
+        def watched() -> bool:
+            body = json.loads(run_loop(jp_fetch("gpu-lab", "api", "telemetry")).body)
+            return bool(body["latest"]["gpus"][0].get("process_mem_mb"))
+
+        _pump_until(run_loop, lambda: not watched(),
+                    "the sampler to stop watching the run once nobody follows it")
+    finally:
+        s.close()
+
+
 def _pump_until(run_loop, cond, what, timeout=20.0):
     """Wait for the server (on this test's event loop) to get somewhere."""
     deadline = time.monotonic() + timeout

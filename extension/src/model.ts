@@ -32,6 +32,8 @@ export interface IGpuStats {
   mem_used_pct?: number | null;
   temperature_c?: number | null;
   power_w?: number | null;
+  /** device memory held by the processes of the runs the server watches: {pid: MiB} */
+  process_mem_mb?: Record<string, number> | null;
 }
 
 export interface ISample {
@@ -123,6 +125,8 @@ export interface IRunDetail extends IRun {
   notes: IRunEvent[];
   failure: IFailure | null;
   logs: ILogChunk[];
+  /** rank -> pid: what NVML lists on the GPUs a rank uses */
+  pids?: Record<string, number>;
 }
 
 /** What the server pushes to a view that follows a run (each part only when new). */

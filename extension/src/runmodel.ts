@@ -145,6 +145,10 @@ export class RunViewModel {
   /** log/error/dropped events, newest last */
   notes: IRunEvent[] = [];
   readonly logs = new Map<string, ILogBuffer>();
+  /** the ranks' pids (status events), to find the GPUs they hold memory on */
+  readonly pids = new Set<string>();
+  /** indices of the GPUs the run's ranks hold memory on (empty: not known, e.g. no GPU) */
+  readonly runGpus = new Set<number>();
   /** the newest event applied */
   seq = 0;
   /** messages received over the websocket (the tests read it) */
@@ -229,6 +233,7 @@ export class RunViewModel {
     }
     this._mean.seed(d.mean_open ?? {});
     this.notes = d.notes.slice(-NOTES_KEEP);
+    Object.values(d.pids ?? {}).forEach(pid => this.pids.add(String(pid)));
     for (const chunk of d.logs) {
       this._addLog(chunk);
     }
@@ -279,6 +284,8 @@ export class RunViewModel {
         }
         this._mean?.add(e.step, e.t, e.data);
         series = true;
+      } else if (e.kind === 'status' && e.rank >= 0 && typeof e.data.pid === 'number') {
+        this.pids.add(String(e.data.pid));
       } else if (e.kind === 'log' || e.kind === 'error' || e.kind === 'dropped') {
         this.notes.push(e);
         notes = true;
@@ -392,6 +399,9 @@ export class RunViewModel {
     add('host.ram_used_gib', s.host.ram_used_mb === null || s.host.ram_used_mb === undefined
       ? null : s.host.ram_used_mb / 1024);
     for (const g of s.gpus) {
+      if (Object.keys(g.process_mem_mb ?? {}).some(pid => this.pids.has(pid))) {
+        this.runGpus.add(g.index);
+      }
       add(`gpu${g.index}.util_gpu`, g.util_gpu);
       add(`gpu${g.index}.mem_used_gib`, g.mem_used_mb === null || g.mem_used_mb === undefined
         ? null : g.mem_used_mb / 1024);

@@ -355,16 +355,22 @@ export class RunView extends Widget {
 
   private _renderSystem(): void {
     const tel = this.model.telemetry;
+    const mine = this.model.runGpus;
     const gpus = new Set([...tel.keys()].filter(k => k.startsWith('gpu')).map(k => k.split('.')[0]));
-    this._systemNote.textContent = gpus.size
-      ? ''
-      : 'No GPU visible to NVML on this host: host readings only.';
+    this._systemNote.textContent = !gpus.size
+      ? 'No GPU visible to NVML on this host: host readings only.'
+      : mine.size
+        ? `GPU ${[...mine].sort((a, b) => a - b).join(', ')}: where this run's ranks hold memory.`
+        : 'Every GPU of this host (which ones this run uses shows once its ranks hold memory).';
     for (const spec of SYSTEM_CHARTS) {
       const series: IChartSeries[] = [];
       for (const [key, s] of tel) {
         const hit = spec.match.exec(key);
         if (hit) {
           const i = hit[1] === undefined ? 0 : +hit[1];
+          if (hit[1] !== undefined && mine.size && !mine.has(i)) {
+            continue; // another run's GPU
+          }
           series.push({ label: hit[1] === undefined ? spec.title : `GPU ${i}`, x: s.times,
             y: s.values, color: PALETTE[i % PALETTE.length] });
         }

@@ -11,7 +11,9 @@ A follower whose cursor differs is "behind" (it has just followed; its socket wa
 previous message; a log file appeared) and gets a read of its own, at most EVENTS_LIMIT events and
 LOG_CHUNK_BYTES per file, up to the feed's cursor, until it is level. So nothing is dropped, nothing
 queues in the server (a busy socket is skipped, not buffered), and fifty browsers on one run cost
-the registry and the disk what one does. Messages to the browser:
+the registry and the disk what one does. While a live run is followed, the shared telemetry sampler
+also watches its processes, so that samples say which GPUs the run's ranks hold memory on.
+Messages to the browser:
 
     {"type": "run", "run": id, "from": seq, "events": [...], "logs": [{file, from, to, text}],
      "row": {...}}      (each part only when there is something new)
@@ -25,7 +27,9 @@ import logging
 from concurrent.futures import Executor
 from typing import Any, Callable, Protocol
 
-from .runview import (EVENTS_LIMIT, event_to_wire, log_sizes, read_log, row_to_wire)
+from gpu_lab.stream.events import ACTIVE_STATUSES as ACTIVE
+
+from .runview import EVENTS_LIMIT, event_to_wire, log_sizes, read_log, row_to_wire
 
 FEED_INTERVAL = 1.0  # s; a run reports every step, the view redraws at most every 0.25 s
 MAX_FOLLOWS = 16     # runs one connection may follow at once
@@ -54,16 +58,18 @@ def row_key(row: dict | None) -> tuple | None:
 
 class _Feed:
     def __init__(self, run_id: str, run_dir: str | None, seq: int, logs: dict[str, int],
-                 row: dict) -> None:
-        self.run_id, self.run_dir, self.row = run_id, run_dir, row
+                 row: dict, pid: int | None) -> None:
+        self.run_id, self.run_dir, self.row, self.pid = run_id, run_dir, row, pid
         self.cursor = Cursor(seq, logs, row_key(row))
         self.followers: dict[Follower, Cursor] = {}
+        self.watched: int | None = None  # the supervisor pid the sampler watches for this feed
 
 
 class RunFeeds:
     def __init__(self, registry: Callable[[], Any], executor: Executor, log: logging.Logger,
-                 interval: float = FEED_INTERVAL) -> None:
+                 interval: float = FEED_INTERVAL, sampler: Callable[[], Any] | None = None) -> None:
         self._registry = registry
+        self._sampler = sampler
         self._executor = executor
         self._log = log
         self.interval = interval
@@ -96,7 +102,10 @@ class RunFeeds:
         feed = self._feeds.get(run_id)
         if feed is None:
             start = await self._off_loop(self._open, run_id)
-            feed = self._feeds.setdefault(run_id, _Feed(run_id, **start))
+            feed = self._feeds.get(run_id)
+            if feed is None:
+                feed = self._feeds[run_id] = _Feed(run_id, **start)
+                self._watch(feed)
         cursor = Cursor(int(after), dict(logs))
         feed.followers[follower] = cursor
         if self._task is None or self._task.done():
@@ -112,6 +121,7 @@ class RunFeeds:
             feed.followers.pop(follower, None)
             if not feed.followers:
                 del self._feeds[rid]
+                self._unwatch(feed)
 
     def _open(self, run_id: str) -> dict:
         reg = self._registry()
@@ -119,7 +129,25 @@ class RunFeeds:
         if row is None:
             raise KeyError(run_id)
         return {"run_dir": row.get("run_dir"), "seq": reg.last_seq(run_id),
-                "logs": log_sizes(row.get("run_dir")), "row": row_to_wire(reg, row)}
+                "logs": log_sizes(row.get("run_dir")), "row": row_to_wire(reg, row),
+                "pid": row.get("pid")}
+
+    # --- the run's GPUs ---------------------------------------------------------------------
+    def _watch(self, feed: _Feed) -> None:
+        """While a live run is followed, the shared sampler reports the device memory its
+        processes hold on each GPU (process_mem_mb), which tells a view the run's GPUs."""
+        if self._sampler is None or feed.pid is None or feed.row.get("status") not in ACTIVE:
+            return
+        try:
+            self._sampler().watch(int(feed.pid))
+            feed.watched = int(feed.pid)
+        except Exception as e:  # telemetry is a nicety here: the feed goes on without it
+            self._log.warning("gpu_lab: could not watch run %s's processes: %s", feed.run_id, e)
+
+    def _unwatch(self, feed: _Feed) -> None:
+        if feed.watched is not None and self._sampler is not None:
+            self._sampler().unwatch(feed.watched)
+            feed.watched = None
 
     # --- the tick -------------------------------------------------------------------------------
     async def _loop(self) -> None:
@@ -173,6 +201,8 @@ class RunFeeds:
             feed.row = new["row"]
             c.row_key = row_key(new["row"])
             payload["row"] = new["row"]
+            if feed.row.get("status") not in ACTIVE:
+                self._unwatch(feed)
         if len(payload) == 2:
             return None
         return json.dumps(payload, separators=(",", ":"))
@@ -242,6 +272,8 @@ class RunFeeds:
         return out
 
     def close(self) -> None:
+        for feed in self._feeds.values():
+            self._unwatch(feed)
         self._feeds.clear()
         if self._task is not None:
             self._task.cancel()

@@ -161,6 +161,10 @@ def detail(registry: Any, run_id: str, points: int = DEFAULT_POINTS) -> dict | N
     out["mean_open"] = pending or {}
     out["notes"] = [event_to_wire(e) for e in
                     registry.events(run_id, upto=seq, kinds=NOTE_KINDS)[-NOTES_KEPT:]]
+    # each rank's pid (its first status event): what NVML lists on the GPUs the rank uses
+    out["pids"] = {str(e["rank"]): e["data"]["pid"]
+                   for e in registry.events(run_id, upto=seq, kinds=[ev.STATUS])
+                   if e["rank"] >= 0 and isinstance(e["data"].get("pid"), int)}
     out["failure"] = failure(row)
     out["logs"] = [read_log(row.get("run_dir"), name, -1) for name in log_files(row.get("run_dir"))]
     return out

@@ -40,7 +40,8 @@ class ServerState:
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="gpu-lab-server")
         self.sampler_factory = sampler_factory
         self.hub = TelemetryHub(sampler_factory, self.executor, self.log)
-        self.feeds = RunFeeds(lambda: self.registry, self.executor, self.log)
+        self.feeds = RunFeeds(lambda: self.registry, self.executor, self.log,
+                              sampler=sampler_factory)
         self._registry: Any = None
 
     # --- registry -------------------------------------------------------------------------------
