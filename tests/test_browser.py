@@ -401,6 +401,18 @@ def _run_view_scenario(page, lab) -> dict:  # noqa: C901 (one story, in order)
                || '')""")
     view.locator("input.jp-GpuLab-rv-logy").check()
     view.locator("input.jp-GpuLab-rv-x-step").check()
+    # drag across the loss chart: every training chart zooms to those steps; a double click
+    # shows everything again
+    over = view.locator('.jp-GpuLab-chart[data-metric="loss"] .u-over')
+    box = over.bounding_box()
+    page.mouse.move(box["x"] + box["width"] * 0.2, box["y"] + box["height"] / 2)
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] * 0.6, box["y"] + box["height"] / 2, steps=5)
+    page.mouse.up()
+    lr_chart = view.locator('.jp-GpuLab-chart[data-metric="lr"]')
+    page.wait_for_function("(el) => el.dataset.zoomed === 'true'", arg=lr_chart.element_handle())
+    over.dblclick()
+    page.wait_for_function("(el) => !el.dataset.zoomed", arg=lr_chart.element_handle())
 
     # 4. Checkpoint now: a new step_N folder in the run's checkpoints ---------------------------
     ckpts = Path(reg.get_run(long_id)["output_dir"]) / "checkpoints"

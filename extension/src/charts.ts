@@ -1,15 +1,15 @@
 /**
  * Line charts for the run view and the comparison, drawn by uPlot.
  *
- * Why uPlot: it is ~50 KB and draws live time series on a canvas in well under a millisecond per
- * thousand points, with axes, ticks, drag-to-zoom, log scales and a cursor legend built in;
- * plotly.js (what the notebook widgets use) would add several megabytes to this extension, since
- * JupyterLab shares no plotly bundle between extensions.
+ * Why uPlot: a small library (tens of KB) made for fast live time series on a canvas, with axes,
+ * ticks, drag-to-zoom, log scales and a cursor legend built in; plotly.js (what the notebook
+ * widgets use) would add megabytes to this extension, since JupyterLab extensions do not share it.
  *
  * A chart takes a few named series, each with its own x values (ranks report at their own times),
- * and joins them on one x axis. Charts of one view share a ZoomGroup: a drag zooms all of them to
- * the same x range, a double click resets all. The tick labels each axis drew are kept on the
- * chart's node (data-xticks, data-yticks), so a test can read what a person sees.
+ * and joins them on one x axis. Charts of one view with the same x share a cursor, so a drag zooms
+ * all of them to the same x range; a double click (or the view's Reset zoom) shows everything
+ * again. The tick labels each axis drew are kept on the chart's node (data-xticks, data-yticks),
+ * so a test can read what a person sees.
  */
 import uPlot from 'uplot';
 
@@ -36,7 +36,8 @@ export interface IChartOptions {
   zoom?: ZoomGroup;
 }
 
-/** Charts that zoom together. */
+/** Charts that show everything again together (a drag zooms every chart that shares the
+ *  dragged chart's syncKey: uPlot replays the drag on them). */
 export class ZoomGroup {
   add(chart: SeriesChart): void {
     this._charts.add(chart);
@@ -44,14 +45,6 @@ export class ZoomGroup {
 
   remove(chart: SeriesChart): void {
     this._charts.delete(chart);
-  }
-
-  zoom(min: number, max: number, source: SeriesChart): void {
-    for (const c of this._charts) {
-      if (c !== source) {
-        c.zoomTo(min, max);
-      }
-    }
   }
 
   reset(): void {
@@ -119,20 +112,6 @@ export class SeriesChart {
 
   readonly node: HTMLDivElement;
 
-  get options(): IChartOptions {
-    return this._options;
-  }
-
-  /** Change x mode or log-y: the chart is rebuilt on the next update. */
-  setMode(mode: { time?: boolean; logY?: boolean }): void {
-    this._options = { ...this._options, ...mode };
-    this._zoomed = false;
-    this._destroyPlot();
-    if (this._series) {
-      this.update(this._series);
-    }
-  }
-
   update(series: IChartSeries[]): void {
     this._series = series;
     const logY = !!this._options.logY;
@@ -162,12 +141,6 @@ export class SeriesChart {
     } else {
       this._plot.setData(data, !this._zoomed);
     }
-  }
-
-  zoomTo(min: number, max: number): void {
-    this._zoomed = true;
-    this._plot?.setScale('x', { min, max });
-    this.node.dataset.zoomed = 'true';
   }
 
   resetZoom(): void {
@@ -232,11 +205,8 @@ export class SeriesChart {
         setSelect: [
           u => {
             if (u.select.width > 0) {
-              const min = u.posToVal(u.select.left, 'x');
-              const max = u.posToVal(u.select.left + u.select.width, 'x');
-              this._zoomed = true;
+              this._zoomed = true; // live updates keep this x range until a reset
               this.node.dataset.zoomed = 'true';
-              this._options.zoom?.zoom(min, max, this);
             }
           }
         ],
@@ -270,7 +240,7 @@ export class SeriesChart {
     this._plotNode.replaceChildren();
   }
 
-  private _options: IChartOptions;
+  private readonly _options: IChartOptions;
   private _plotNode: HTMLDivElement;
   private _empty: HTMLDivElement;
   private _plot: uPlot | null = null;

@@ -17,7 +17,7 @@ export class CompareView extends Widget {
     super();
     this._lab = lab;
     this.runIds = runIds;
-    this.id = `gpu-lab-compare-${runIds.join('-')}`;
+    this.id = CompareView.idFor(runIds);
     this.addClass('jp-GpuLab-compareview');
     this.title.label = `Compare ${runIds.length} runs`;
     this.title.closable = true;
@@ -48,6 +48,11 @@ export class CompareView extends Widget {
   }
 
   readonly runIds: string[];
+
+  /** One view per set of runs: opening the same comparison again shows the open one. */
+  static idFor(runIds: string[]): string {
+    return `gpu-lab-compare-${[...runIds].sort().join('-')}`;
+  }
 
   dispose(): void {
     window.clearTimeout(this._timer);

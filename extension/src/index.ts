@@ -165,15 +165,13 @@ const plugin: JupyterFrontEndPlugin<GpuLabModel> = {
       isEnabled: args => Array.isArray(args.runIds) && (args.runIds as string[]).length >= 2,
       execute: async args => {
         const runIds = (args.runIds as string[]).slice();
-        const content = new CompareView(model, runIds);
-        const open = compares.find(w => w.content.id === content.id);
+        const open = compares.find(w => w.content.id === CompareView.idFor(runIds));
         if (open) {
-          content.dispose();
           shell.activateById(open.id);
           void open.content.refresh();
           return open;
         }
-        return addToMain(content, compares);
+        return addToMain(new CompareView(model, runIds), compares);
       }
     });
 
