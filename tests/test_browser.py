@@ -253,9 +253,9 @@ def _series_points(scope, metric: str, attr: str = "data-metric") -> dict[str, i
 
 
 # --- the run view: live charts, logs, Checkpoint now, Stop, Resume; the comparison ---------------
-# A notebook of the test's own: two 2-rank runs of fit() on synthetic images, whose ranks print a
-# line per step (the log tail) and pause a little (so the long one lasts until Stop); the short one
-# has another lr and max_steps, which the comparison's legend must name.
+# A notebook of the test's own: 2-rank runs of fit() on synthetic images, whose ranks print a line
+# per step (the log tail) and pause a little (so the long one lasts until Stop); the short one has
+# another lr and max_steps, which the comparison's legend must name; the third fails on rank 1.
 VIEW_NOTEBOOK_CELLS = [
     '''import os
 import time
@@ -277,11 +277,19 @@ class Talk(Callback):
         time.sleep(self.pace)
 
 
-def train(config, pace=0.0):
+class Break(Callback):
+    """Rank 1 fails at step 3: what the view's triage box is for."""
+
+    def on_step_end(self, state):
+        if state.step == 3 and not state.is_main_process:
+            raise ValueError("rank one broke on purpose at step 3")
+
+
+def train(config, pace=0.0, fail=False):
     set_seed(config.seed)
     model = build(config.model, config.num_classes, config.image_size)
     data, _ = datasets(config)
-    return fit(model, data, config, callbacks=[Talk(pace)])
+    return fit(model, data, config, callbacks=[Talk(pace)] + ([Break()] if fail else []))
 
 
 cfg = gpu_lab.TrainConfig(model="tiny_cnn", image_size=16, batch_size=8, max_steps=100000,
@@ -289,7 +297,8 @@ cfg = gpu_lab.TrainConfig(model="tiny_cnn", image_size=16, batch_size=8, max_ste
                           output_dir=os.path.abspath("view-runs"))
 long_run = gpu_lab.launch(train, cfg, 0.15, name="view-long")
 short_run = gpu_lab.launch(train, cfg.replace(lr=1e-3, max_steps=15), name="view-short")
-print("launched", long_run.id, short_run.id)''',
+broken_run = gpu_lab.launch(train, cfg.replace(max_steps=50), 0.0, True, name="view-broken")
+print("launched", long_run.id, short_run.id, broken_run.id)''',
 ]
 
 
@@ -344,6 +353,7 @@ def _run_view_scenario(page, lab) -> dict:  # noqa: C901 (one story, in order)
     reg = Registry(lab.gpu_lab_home / "registry.db")
     runs = {r["name"]: r for r in reg.list_runs()}
     long_id, short_id = runs["view-long"]["id"], runs["view-short"]["id"]
+    broken_id = runs["view-broken"]["id"]
 
     # 2. open the long run's view from the side panel ------------------------------------------
     _show_panel(page)
@@ -460,8 +470,24 @@ def _run_view_scenario(page, lab) -> dict:  # noqa: C901 (one story, in order)
     legend = cmp.locator('.jp-GpuLab-chart[data-metric="loss"] .u-legend').inner_text()
     assert "max_steps=15, lr=0.001" in legend and "max_steps=100000, lr=0.003" in legend
     _shot(page, "runview-4-compare")
-    return {"long_run": long_id, "short_run": short_id, "checkpoints_made": new_ckpt,
-            "loss_points": loss_points, "compare_loss_points": loss}
+
+    # 7. a failed run's view shows the triage ------------------------------------------------------
+    wait_until(lambda: reg.get_run(broken_id)["status"] == "failed", 120,
+               what="the broken run to fail")
+    _show_panel(page)
+    page.locator(f'#gpu-lab-panel .jp-GpuLab-run[data-run-id="{broken_id}"] '
+                 'button.jp-GpuLab-open-dashboard').click()
+    failed = page.locator(".jp-GpuLab-runview:visible")
+    box = failed.locator(".jp-GpuLab-rv-failure")
+    box.locator(".jp-GpuLab-rv-triage", has_text="rank one broke on purpose").wait_for()
+    triage = box.inner_text()
+    assert "rank 1: ValueError: rank one broke on purpose at step 3" in triage, triage
+    assert "What to try (user code)" in triage and "traceback" in triage
+    assert failed.get_attribute("data-status") == "failed"
+    _shot(page, "runview-5-failed")
+    return {"long_run": long_id, "short_run": short_id, "broken_run": broken_id,
+            "checkpoints_made": new_ckpt, "loss_points": loss_points,
+            "compare_loss_points": loss, "triage": triage}
 
 
 # --- the browser's decimation is Python's ------------------------------------------------------

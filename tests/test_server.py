@@ -339,6 +339,33 @@ def test_run_log_tail_and_offsets(jp_fetch, run_loop, sampler, live_run):
     assert logs[1]["text"] == "rank one\n" and logs[1]["to"] == len("rank one\n")
 
 
+def test_run_detail_carries_the_triage_of_a_failed_run(jp_fetch, run_loop, sampler,
+                                                       gpu_lab_home):
+    from gpu_lab.launch import triage
+
+    reg = Registry()
+    rid = f"failed-{uuid.uuid4().hex[:6]}"
+    run_dir = gpu_lab_home / "runs" / rid
+    (run_dir / "errors").mkdir(parents=True)
+    try:
+        raise ValueError("rank one broke on purpose")
+    except ValueError as e:
+        failure = triage.from_exception(1, e)
+    (run_dir / "errors" / "rank1.json").write_text(json.dumps(failure.to_dict()))
+    reg.create_run(rid, name="broken", num_processes=2, status="failed", run_dir=str(run_dir),
+                   error="rank 1: ValueError: rank one broke on purpose [user code]")
+    d = _get(run_loop, jp_fetch, "runs", rid)
+    f = d["failure"]
+    assert f["category"] == "user code"
+    assert "rank 1: ValueError: rank one broke on purpose" in f["text"]
+    assert "What to try (user code)" in f["text"]
+    assert [r["rank"] for r in f["ranks"]] == [1]
+    assert "raise ValueError" in f["ranks"][0]["traceback"]
+    # a failure recorded without the rank files (a headless job): the registry's text
+    (run_dir / "errors" / "rank1.json").unlink()
+    assert "rank one broke" in _get(run_loop, jp_fetch, "runs", rid)["failure"]["text"]
+
+
 def test_checkpoint_now_writes_the_control_file_of_a_running_run_only(jp_fetch, run_loop,
                                                                        sampler, live_run):
     run_id, _ = live_run

@@ -165,7 +165,11 @@ export class SeriesChart {
       stroke: axisColor,
       grid: { stroke: gridColor, width: 1 },
       ticks: { stroke: gridColor, width: 1 },
-      size: idx === 1 ? 56 : 36,
+      // the y axis as wide as its longest label (0.002999 needs more room than 0.5)
+      size: idx === 1
+        ? (u: uPlot, values: string[] | null) =>
+          Math.max(40, 16 + 7 * Math.max(0, ...(values ?? []).map(v => (v ?? '').length)))
+        : 36,
       // steps are whole numbers: no tick at step 2.5
       incrs: idx === 0 && !o.time ? STEP_INCRS : undefined,
       values: (u, splits) => {
