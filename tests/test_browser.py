@@ -11,10 +11,14 @@ Screenshots go to test-artifacts/browser-*.png.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import random
 import re
 import shutil
+import subprocess
+import time
 from pathlib import Path
 
 import nbformat
@@ -63,6 +67,25 @@ def browser():
             b.close()
 
 
+@contextlib.contextmanager
+def _page(browser, viewport: dict, prefix: str):
+    """A page whose console is kept; on failure, a screenshot and the console go to
+    test-artifacts/browser-<prefix>failure.png and browser-<prefix>console.log."""
+    page = browser.new_page(viewport=viewport)
+    page.set_default_timeout(60_000)
+    console: list[str] = []
+    page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+    page.on("pageerror", lambda e: console.append(f"pageerror: {e}"))
+    try:
+        yield page, console
+    except BaseException:
+        _shot(page, f"{prefix}failure")
+        (ARTIFACTS / f"browser-{prefix}console.log").write_text("\n".join(console))
+        raise
+    finally:
+        page.close()
+
+
 def _shot(page, name: str) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / f"browser-{name}.png"))
@@ -73,19 +96,8 @@ def test_side_panel_tutorial_launch_and_stop(tmp_path, notebooks, browser):
     # the run must outlive the clicks below: the tutorial honours GPU_LAB_TUTORIAL_STEPS
     env = {"GPU_LAB_TUTORIAL_STEPS": "100000", "GPU_LAB_QUICK": "1"}
     with jupyter_lab(tmp_path, notebooks, env=env, name="browser-lab") as lab:
-        page = browser.new_page(viewport={"width": 1500, "height": 950})
-        page.set_default_timeout(60_000)
-        console: list[str] = []
-        page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
-        page.on("pageerror", lambda e: console.append(f"pageerror: {e}"))
-        try:
+        with _page(browser, {"width": 1500, "height": 950}, "") as (page, _):
             _run_scenario(page, lab, launch_idx)
-        except BaseException:
-            _shot(page, "failure")
-            (ARTIFACTS / "browser-console.log").write_text("\n".join(console))
-            raise
-        finally:
-            page.close()
         runs = _registry_runs(lab.gpu_lab_home)
         assert [r["status"] for r in runs if r["name"] == "tutorial-04"] == ["stopped"]
         assert "gpu_lab server extension loaded" in lab.log_text()
@@ -199,14 +211,14 @@ def _run_scenario(page, lab, launch_idx: int) -> None:  # noqa: C901 (one story,
                                for p in tree if _exists(p)), 30, what="the run's processes to end")
     _shot(page, "3-run-stopped")
 
-    # 5. the run's dashboard command (the panel's Dashboard button) -----------------------------
+    # 5. the run's view (the panel's View button), of a stopped run -----------------------------
     row.locator("button.jp-GpuLab-open-dashboard").click()
-    dash = page.locator(".jp-GpuLab-dashboard:visible")
-    dash.locator('.jp-GpuLab-lineChart[data-metric="loss"]').wait_for()
-    points = int(dash.locator('.jp-GpuLab-lineChart[data-metric="loss"]').get_attribute("data-points"))
+    view = page.locator(".jp-GpuLab-runview:visible")
+    view.locator('.jp-GpuLab-chart[data-metric="loss"] canvas').wait_for()
+    points = _series_points(view, "loss")["rank 0"]
     assert points >= 5, points
-    assert dash.locator(".jp-GpuLab-dashboard-meta").get_attribute("data-status") == "stopped"
-    _shot(page, "4-run-dashboard")
+    assert view.get_attribute("data-status") == "stopped"
+    _shot(page, "4-run-view-stopped")
 
     # 6. the tutorials-index command (the panel's Tutorials button) ------------------------------
     _show_panel(page)
@@ -232,3 +244,296 @@ def _exists(p: psutil.Process) -> bool:
         return p.is_running()
     except psutil.Error:
         return False
+
+
+def _series_points(scope, metric: str, attr: str = "data-metric") -> dict[str, int]:
+    """{series label: points drawn} of a run view's chart (SeriesChart keeps it on its node)."""
+    raw = scope.locator(f'.jp-GpuLab-chart[{attr}="{metric}"]').get_attribute("data-series")
+    return json.loads(raw or "{}")
+
+
+# --- the run view: live charts, logs, Checkpoint now, Stop, Resume; the comparison ---------------
+# A notebook of the test's own: 2-rank runs of fit() on synthetic images, whose ranks print a line
+# per step (the log tail) and pause a little (so the long one lasts until Stop); the short one has
+# another lr and max_steps, which the comparison's legend must name; the third fails on rank 1.
+VIEW_NOTEBOOK_CELLS = [
+    '''import os
+import time
+import gpu_lab
+from accelerate.utils import set_seed
+from gpu_lab.models import build
+from gpu_lab.train import Callback, fit
+from gpu_lab.train.classifier import datasets
+
+
+class Talk(Callback):
+    """A line per logged step in the rank's log, and a pause so that the run lasts."""
+
+    def __init__(self, pace):
+        self.pace = pace
+
+    def on_log(self, state, metrics):
+        print(f"step {state.step} loss {metrics['loss']:.4f}", flush=True)
+        time.sleep(self.pace)
+
+
+class Break(Callback):
+    """Rank 1 fails at step 3: what the view's triage box is for."""
+
+    def on_step_end(self, state):
+        if state.step == 3 and not state.is_main_process:
+            raise ValueError("rank one broke on purpose at step 3")
+
+
+def train(config, pace=0.0, fail=False):
+    set_seed(config.seed)
+    model = build(config.model, config.num_classes, config.image_size)
+    data, _ = datasets(config)
+    return fit(model, data, config, callbacks=[Talk(pace)] + ([Break()] if fail else []))
+
+
+cfg = gpu_lab.TrainConfig(model="tiny_cnn", image_size=16, batch_size=8, max_steps=100000,
+                          lr=3e-3, num_workers=0, num_processes=2, tensorboard=False,
+                          output_dir=os.path.abspath("view-runs"))
+long_run = gpu_lab.launch(train, cfg, 0.15, name="view-long")
+short_run = gpu_lab.launch(train, cfg.replace(lr=1e-3, max_steps=15), name="view-short")
+broken_run = gpu_lab.launch(train, cfg.replace(max_steps=50), 0.0, True, name="view-broken")
+print("launched", long_run.id, short_run.id, broken_run.id)''',
+]
+
+
+def _write_view_notebook(root: Path) -> Path:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in VIEW_NOTEBOOK_CELLS]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    path = root / "view_runs.ipynb"
+    nbformat.write(nb, path)
+    return path
+
+
+def test_run_view_live_controls_and_comparison(tmp_path, browser):
+    root = tmp_path / "lab-root"
+    root.mkdir()
+    _write_view_notebook(root)
+    with jupyter_lab(tmp_path, root, env={"GPU_LAB_QUICK": "1"}, name="browser-runview") as lab:
+        with _page(browser, {"width": 1600, "height": 1000}, "runview-") as (page, console):
+            facts = _run_view_scenario(page, lab)
+        (ARTIFACTS / "browser-runview.json").write_text(json.dumps(facts, indent=1))
+        assert not [c for c in console if c.startswith("pageerror")], console
+
+
+def _run_view_scenario(page, lab) -> dict:  # noqa: C901 (one story, in order)
+    from gpu_lab.registry import Registry
+
+    page.goto(f"{lab.url}lab?token={lab.token}")
+    page.wait_for_selector("#jp-main-dock-panel", state="visible", timeout=120_000)
+
+    # 0. the launcher's tile opens a new notebook with a LaunchPanel cell -----------------------
+    page.locator(".jp-LauncherCard", has_text="GPU Lab training run").click()
+    page.locator(".jp-NotebookPanel:visible .jp-Cell .cm-content",
+                 has_text="gpu_lab.LaunchPanel()").wait_for()
+    new_nb = page.locator("#jp-main-dock-panel .lm-TabBar-tab.lm-mod-current .lm-TabBar-tabLabel")\
+        .inner_text()
+    assert new_nb.endswith(".ipynb"), new_nb
+    source = json.loads((lab.root_dir / new_nb).read_text())["cells"][0]["source"]
+    assert "".join(source) == "import gpu_lab\ngpu_lab.LaunchPanel()"
+
+    # 1. launch two 2-rank runs from a notebook -------------------------------------------------
+    if not page.locator("#filebrowser").is_visible():
+        page.click('li.lm-TabBar-tab[data-id="filebrowser"]')
+    page.dblclick('.jp-DirListing-item[title^="Name: view_runs.ipynb"]')
+    nb = page.locator(".jp-NotebookPanel:visible")
+    nb.locator(".jp-Cell").first.wait_for()
+    page.locator("#jp-main-statusbar", has_text="| Idle").wait_for(timeout=120_000)
+    nb.locator(".jp-Cell").first.click()
+    page.keyboard.press("Escape")
+    page.keyboard.press("Shift+Enter")
+    nb.locator(".jp-OutputArea-output", has_text="launched").wait_for(timeout=120_000)
+    reg = Registry(lab.gpu_lab_home / "registry.db")
+    runs = {r["name"]: r for r in reg.list_runs()}
+    long_id, short_id = runs["view-long"]["id"], runs["view-short"]["id"]
+    broken_id = runs["view-broken"]["id"]
+
+    # 2. open the long run's view from the side panel ------------------------------------------
+    _show_panel(page)
+    card = page.locator(f'#gpu-lab-panel .jp-GpuLab-run[data-run-id="{long_id}"]')
+    card.wait_for()
+    card.locator("button.jp-GpuLab-open-dashboard").click()
+    view = page.locator(".jp-GpuLab-runview:visible")
+    view.wait_for()
+
+    # 3. axes with tick labels; both ranks' loss, throughput and learning rate, and their mean
+    def drawn(metric: str, n: int) -> bool:
+        pts = _series_points(view, metric)
+        return all(pts.get(k, 0) >= n for k in ("rank 0", "rank 1", "mean"))
+
+    for metric in ("loss", "samples_per_s", "lr"):
+        deadline = time.monotonic() + 120
+        while not drawn(metric, 5):
+            assert time.monotonic() < deadline, (metric, _series_points(view, metric))
+            page.wait_for_timeout(250)
+        chart = view.locator(f'.jp-GpuLab-chart[data-metric="{metric}"]')
+        xticks = chart.get_attribute("data-xticks").split("|")
+        yticks = chart.get_attribute("data-yticks").split("|")
+        assert len(xticks) >= 2 and all(re.fullmatch(r"-?[\d.]+", t) for t in xticks), xticks
+        assert len(yticks) >= 2 and all(t for t in yticks), yticks
+        assert chart.locator("canvas").count() == 1
+    assert "Learning rate" in view.inner_text() or "learning rate" in view.inner_text()
+    # host series on the time axis (no GPU here), with clock-time ticks
+    host = view.locator('.jp-GpuLab-chart[data-system="host-cpu"]')
+    host.wait_for()
+    page.wait_for_function(
+        """() => { const c = document.querySelector(
+               '.jp-GpuLab-runview:not(.lm-mod-hidden) [data-system="host-cpu"]');
+               return c && Object.values(JSON.parse(c.dataset.series || '{}'))[0] >= 3; }""")
+    assert re.fullmatch(r"\d\d:\d\d:\d\d", host.get_attribute("data-xticks").split("|")[0])
+    assert "No GPU visible to NVML" in view.inner_text()
+    # the log tail grows, pushed over the websocket
+    log = view.locator('pre.jp-GpuLab-rv-log[data-file="rank0.log"]')
+    log.wait_for()
+    first = int(log.get_attribute("data-bytes"))
+    page.wait_for_function(
+        f"""() => Number(document.querySelector('.jp-GpuLab-runview:not(.lm-mod-hidden) '
+                 + 'pre[data-file="rank0.log"]').dataset.bytes) > {first}""")
+    assert re.search(r"step \d+ loss \d", log.inner_text())
+    assert [t.inner_text() for t in view.locator(".jp-GpuLab-rv-logtab").all()] == [
+        "rank0.log", "rank1.log", "supervisor.log"]
+    assert int(view.get_attribute("data-feed-messages")) > 0
+    assert view.locator('[data-field="lr"] .jp-GpuLab-rv-config-value').inner_text() == "0.003"
+    _shot(page, "runview-1-live")
+
+    # x on the time axis: the metric charts tick in clock time too
+    view.locator("input.jp-GpuLab-rv-x-time").check()
+    page.wait_for_function(
+        """() => /^\\d\\d:\\d\\d:\\d\\d/.test(document.querySelector(
+               '.jp-GpuLab-runview:not(.lm-mod-hidden) [data-metric="loss"]').dataset.xticks
+               || '')""")
+    view.locator("input.jp-GpuLab-rv-logy").check()
+    view.locator("input.jp-GpuLab-rv-x-step").check()
+    # drag across the loss chart: every training chart zooms to those steps; a double click
+    # shows everything again
+    over = view.locator('.jp-GpuLab-chart[data-metric="loss"] .u-over')
+    box = over.bounding_box()
+    page.mouse.move(box["x"] + box["width"] * 0.2, box["y"] + box["height"] / 2)
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] * 0.6, box["y"] + box["height"] / 2, steps=5)
+    page.mouse.up()
+    lr_chart = view.locator('.jp-GpuLab-chart[data-metric="lr"]')
+    page.wait_for_function("(el) => el.dataset.zoomed === 'true'", arg=lr_chart.element_handle())
+    over.dblclick()
+    page.wait_for_function("(el) => !el.dataset.zoomed", arg=lr_chart.element_handle())
+
+    # 4. Checkpoint now: a new step_N folder in the run's checkpoints ---------------------------
+    ckpts = Path(reg.get_run(long_id)["output_dir"]) / "checkpoints"
+    before = set(p.name for p in ckpts.glob("step_*")) if ckpts.exists() else set()
+    view.locator("button.jp-GpuLab-rv-checkpoint").click()
+    wait_until(lambda: set(p.name for p in ckpts.glob("step_*")) - before, 60,
+               what="a checkpoint after Checkpoint now")
+    new_ckpt = sorted(set(p.name for p in ckpts.glob("step_*")) - before)
+    view.locator(".jp-GpuLab-rv-message", has_text="checkpoint step").wait_for()
+    view.locator(".jp-GpuLab-rv-notes-item", has_text="checkpoint step").first.wait_for()
+
+    # 5. Stop: the status becomes stopped ------------------------------------------------------
+    view.locator("button.jp-GpuLab-rv-stop").click()
+    page.wait_for_function(
+        """() => document.querySelector('.jp-GpuLab-runview:not(.lm-mod-hidden)')
+                 ?.dataset.status === 'stopped'""", timeout=60_000)
+    assert view.locator(".jp-GpuLab-rv-status").inner_text() == "stopped"
+    row = reg.get_run(long_id)
+    assert row["status"] == "stopped" and row["reason"] == "stopped from JupyterLab"
+    # a run whose function was defined in a notebook cannot be resumed from here: say why
+    view.locator("button.jp-GpuLab-rv-resume").click()
+    msg = view.locator('.jp-GpuLab-rv-message[data-kind="error"]')
+    msg.wait_for()
+    assert "not importable (defined in a notebook?)" in msg.inner_text()
+    _shot(page, "runview-2-checkpoint-stop-resume")
+    view.locator(".jp-GpuLab-rv-logs").scroll_into_view_if_needed()
+    _shot(page, "runview-3-config-notes-logs")
+    loss_points = _series_points(view, "loss")
+
+    # 6. compare the two runs: select both in the side panel ------------------------------------
+    wait_until(lambda: reg.get_run(short_id)["status"] == "succeeded", 120,
+               what="the short run to finish")
+    _show_panel(page)
+    for rid in (long_id, short_id):
+        page.locator(f'#gpu-lab-panel .jp-GpuLab-run[data-run-id="{rid}"] '
+                     'input.jp-GpuLab-run-select').check()
+    page.locator("#gpu-lab-panel button.jp-GpuLab-compare", has_text="Compare (2)").click()
+    cmp = page.locator(".jp-GpuLab-compareview:visible")
+    cmp.locator('.jp-GpuLab-chart[data-metric="loss"] canvas').wait_for()
+    loss = _series_points(cmp, "loss")
+    # named by the fields in which their configs differ, in TrainConfig's field order
+    assert sorted(loss) == ["max_steps=100000, lr=0.003", "max_steps=15, lr=0.001"], loss
+    assert all(n >= 5 for n in loss.values()), loss
+    assert "differ in: max_steps, lr" in cmp.inner_text()
+    legend = cmp.locator('.jp-GpuLab-chart[data-metric="loss"] .u-legend').inner_text()
+    assert "max_steps=15, lr=0.001" in legend and "max_steps=100000, lr=0.003" in legend
+    _shot(page, "runview-4-compare")
+
+    # 7. a failed run's view shows the triage ------------------------------------------------------
+    wait_until(lambda: reg.get_run(broken_id)["status"] == "failed", 120,
+               what="the broken run to fail")
+    _show_panel(page)
+    page.locator(f'#gpu-lab-panel .jp-GpuLab-run[data-run-id="{broken_id}"] '
+                 'button.jp-GpuLab-open-dashboard').click()
+    failed = page.locator(".jp-GpuLab-runview:visible")
+    box = failed.locator(".jp-GpuLab-rv-failure")
+    box.locator(".jp-GpuLab-rv-triage", has_text="rank one broke on purpose").wait_for()
+    triage = box.inner_text()
+    assert "rank 1: ValueError: rank one broke on purpose at step 3" in triage, triage
+    assert "What to try (user code)" in triage and "traceback" in triage
+    assert failed.get_attribute("data-status") == "failed"
+    _shot(page, "runview-5-failed")
+    return {"long_run": long_id, "short_run": short_id, "broken_run": broken_id,
+            "checkpoints_made": new_ckpt, "loss_points": loss_points,
+            "compare_loss_points": loss, "triage": triage}
+
+
+# --- the browser's decimation is Python's ------------------------------------------------------
+DECIMATE_DRIVER = """
+const { decimateMinMax, BoundedSeries } = require('./decimate.js');
+const input = JSON.parse(require('fs').readFileSync(0, 'utf8'));
+const cases = input.cases.map(c => decimateMinMax(c.x, c.y, c.n));
+const s = new BoundedSeries(input.series.capacity);
+for (const [step, t, v] of input.series.points) s.append(step, t, v);
+process.stdout.write(JSON.stringify({cases, series: [s.steps, s.times, s.values, s.count]}));
+"""
+
+
+def test_decimation_in_the_browser_keeps_the_points_python_keeps(tmp_path):
+    """extension/src/decimate.ts (the run view's bounded series) against
+    gpu_lab.stream.history: the same inputs keep the same points, spikes included."""
+    from gpu_lab.stream.history import Series, decimate_minmax
+
+    node = shutil.which("node")
+    tsc = ROOT / "extension" / "node_modules" / "typescript" / "bin" / "tsc"
+    if node is None or not tsc.exists():
+        pytest.fail("node and extension/node_modules are needed: `make install` builds the "
+                    "extension with them (Node.js >= 20.19)")
+    subprocess.run([node, str(tsc), "--module", "commonjs", "--target", "ES2020", "--outDir",
+                    str(tmp_path), str(ROOT / "extension" / "src" / "decimate.ts")], check=True)
+    (tmp_path / "driver.js").write_text(DECIMATE_DRIVER)
+    rng = random.Random(7)
+    cases = []
+    for m, n in ((10, 4), (1000, 100), (997, 37), (5000, 1000), (50, 50), (3, 8)):
+        y = [rng.gauss(0, 1) for _ in range(m)]
+        if m > 100:
+            y[m // 3] = 40.0  # a spike that must survive
+            y[m // 2] = -40.0
+        cases.append({"x": list(range(m)), "y": y, "n": n})
+    cases.append({"x": list(range(300)), "y": [1.5] * 300, "n": 20})  # ties: first index wins
+    points = [[i, 1000.0 + i / 4, rng.random() * (100 if i == 777 else 1)] for i in range(3000)]
+    payload = {"cases": cases, "series": {"capacity": 64, "points": points}}
+    out = subprocess.run([node, str(tmp_path / "driver.js")], input=json.dumps(payload),
+                         capture_output=True, text=True, check=True)
+    got = json.loads(out.stdout)
+    for case, (gx, gy) in zip(cases, got["cases"]):
+        assert [gx, gy] == [list(v) for v in decimate_minmax(case["x"], case["y"], case["n"])]
+        assert len(gx) <= case["n"] if len(case["x"]) > case["n"] else gx == case["x"]
+    assert 40.0 in got["cases"][2][1] and -40.0 in got["cases"][2][1]
+    py = Series(capacity=64)
+    for step, t, v in points:
+        py.append(step, t, v)
+    assert got["series"] == [py.steps, py.times, py.values, py.count]
+    assert max(got["series"][2]) == points[777][2]  # the spike outlived 3000 appends

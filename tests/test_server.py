@@ -16,6 +16,7 @@ import sys
 import time
 import uuid
 import warnings
+from pathlib import Path
 
 import psutil
 import pytest
@@ -34,8 +35,12 @@ ENDPOINTS_GET = [
     ("gpu-lab", "api", "telemetry"),
     ("gpu-lab", "api", "runs"),
     ("gpu-lab", "api", "runs", "RUNID"),
+    ("gpu-lab", "api", "runs", "RUNID", "events"),
+    ("gpu-lab", "api", "runs", "RUNID", "logs", "rank0.log"),
+    ("gpu-lab", "api", "compare"),
     ("gpu-lab", "metrics"),
 ]
+ENDPOINTS_POST = ["stop", "checkpoint", "resume"]
 
 
 @pytest.fixture
@@ -110,16 +115,22 @@ def test_every_endpoint_answers_403_without_token(jp_fetch, jp_ws_fetch, run_loo
         with pytest.raises(tornado.httpclient.HTTPClientError) as e:
             run_loop(jp_fetch(*parts, headers={"Authorization": "token not-the-token"}))
         assert e.value.code == 403, ("/".join(parts), e.value.code)
-    with pytest.raises(tornado.httpclient.HTTPClientError) as e:
-        run_loop(jp_fetch("gpu-lab", "api", "runs", run_id, "stop", method="POST", body=b"",
-                          headers={"Authorization": ""}))
-    assert e.value.code == 403
+    for action in ENDPOINTS_POST:
+        for auth in ("", "token not-the-token"):
+            with pytest.raises(tornado.httpclient.HTTPClientError) as e:
+                run_loop(jp_fetch("gpu-lab", "api", "runs", run_id, action, method="POST",
+                                  body=b"", headers={"Authorization": auth}))
+            assert e.value.code == 403, (action, e.value.code)
     with pytest.raises(tornado.httpclient.HTTPClientError) as e:
         run_loop(jp_ws_fetch("gpu-lab", "api", "telemetry", "ws", headers={"Authorization": ""}))
     assert e.value.code == 403
-    # nothing was stopped, and the tokenless websocket never made the hub subscribe
+    # nothing was stopped, checkpointed or resumed, and the tokenless websocket never made the
+    # hub subscribe
     assert proc.poll() is None
-    assert Registry().get_run(run_id)["status"] == "running"
+    reg = Registry()
+    assert reg.get_run(run_id)["status"] == "running"
+    assert not (Path(reg.get_run(run_id)["run_dir"]) / "control").exists()
+    assert [r["id"] for r in reg.list_runs()] == [run_id]
     assert sampler.stats["subscribers"] == 0
 
 
@@ -225,14 +236,15 @@ def test_runs_list_detail_and_stop_a_real_process(jp_fetch, run_loop, sampler, l
     assert mine["last_loss"] == pytest.approx(2.0 / 50)
     detail = json.loads(run_loop(jp_fetch("gpu-lab", "api", "runs", run_id,
                                           params={"points": 10})).body)
-    assert detail["metrics"]["loss"]["step"][0] == 0
-    assert detail["metrics"]["loss"]["step"][-1] == 49
-    assert len(detail["metrics"]["loss"]["value"]) <= 10
+    loss = detail["series"]["loss"]["0"]
+    assert loss["step"][0] == 0 and loss["step"][-1] == 49
+    assert len(loss["value"]) <= 10
 
     r = run_loop(jp_fetch("gpu-lab", "api", "runs", run_id, "stop", method="POST", body=b""))
     assert json.loads(r.body)["status"] == "stopped"
     assert proc.wait(20) is not None  # the process group got the signal
-    assert Registry().get_run(run_id)["status"] == "stopped"
+    row = Registry().get_run(run_id)
+    assert row["status"] == "stopped" and row["reason"] == "stopped from JupyterLab"
     runs = json.loads(run_loop(jp_fetch("gpu-lab", "api", "runs")).body)["runs"]
     assert next(r for r in runs if r["id"] == run_id)["status"] == "stopped"
 
@@ -242,6 +254,329 @@ def test_runs_list_detail_and_stop_a_real_process(jp_fetch, run_loop, sampler, l
             run_loop(jp_fetch(*parts, method=method, body=b"" if method == "POST" else None))
         assert e.value.code == 404
         assert b"no-such-run" in e.value.response.body
+
+
+# --- the run view: detail, events, logs, controls, comparison, live feed -------------------------
+def _get(run_loop, jp_fetch, *parts, **params):
+    return json.loads(run_loop(jp_fetch("gpu-lab", "api", *parts, params=params or None)).body)
+
+
+def _post(run_loop, jp_fetch, *parts):
+    return json.loads(run_loop(jp_fetch("gpu-lab", "api", *parts, method="POST", body=b"")).body)
+
+
+def _http_error(run_loop, jp_fetch, *parts, method="GET", **params):
+    with pytest.raises(tornado.httpclient.HTTPClientError) as e:
+        run_loop(jp_fetch("gpu-lab", "api", *parts, method=method,
+                          body=b"" if method == "POST" else None, params=params or None))
+    return e.value.code, json.loads(e.value.response.body).get("message", "")
+
+
+def _write_log(run_dir: Path, name: str, text: str) -> None:
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    with open(run_dir / "logs" / name, "a") as f:
+        f.write(text)
+
+
+def test_run_detail_series_of_every_rank_and_their_mean_bounded(jp_fetch, run_loop, sampler,
+                                                                live_run):
+    run_id, _ = live_run
+    reg = Registry()
+    t = time.time()
+    # 3000 more steps on two ranks, with one spike on rank 1 that decimation must keep
+    reg.add_metrics([(run_id, rank, s, t + s * 1e-3, "loss",
+                      (50.0 if (rank, s) == (1, 1234) else 1.0 + rank)) for s in range(50, 3050)
+                     for rank in (0, 1)])
+    d = _get(run_loop, jp_fetch, "runs", run_id, points=100)
+    assert d["seq"] == reg.last_seq(run_id) and d["status"] == "running"
+    series = d["series"]["loss"]
+    assert set(series) == {"0", "1", "mean"}
+    for key in ("0", "1", "mean"):
+        assert len(series[key]["value"]) <= 100
+        assert len(series[key]["step"]) == len(series[key]["t"]) == len(series[key]["value"])
+        assert series[key]["step"][-1] == 3049
+    assert max(series["1"]["value"]) == 50.0 and 1234 in series["1"]["step"]
+    # the mean over both ranks at each step: 1.5, except the spike's step
+    assert series["mean"]["step"][0] == 0  # rank 0 alone reported steps 0-49: its own mean
+    mean = dict(zip(series["mean"]["step"], series["mean"]["value"]))
+    assert mean[1234] == pytest.approx(25.5)
+    assert {v for s, v in mean.items() if 50 <= s != 1234} == {1.5}
+    assert d["failure"] is None and d["logs"] == []
+    assert d["config"] == {} and d["reason"] is None
+
+
+def test_run_events_after_a_sequence_number_in_pages(jp_fetch, run_loop, sampler, live_run):
+    run_id, _ = live_run
+    head = Registry().last_seq(run_id)  # 50 metric events
+    page = _get(run_loop, jp_fetch, "runs", run_id, "events", after=10, limit=15)
+    assert [e["seq"] for e in page["events"]] == list(range(11, 26))
+    assert page["seq"] == 25 and page["more"] is True and page["run"]["id"] == run_id
+    assert page["events"][0]["data"] == {"loss": pytest.approx(2.0 / 11)}
+    last = _get(run_loop, jp_fetch, "runs", run_id, "events", after=head)
+    assert last["events"] == [] and last["seq"] == head and last["more"] is False
+    code, msg = _http_error(run_loop, jp_fetch, "runs", run_id, "events", after=-1)
+    assert code == 400 and "after" in msg
+
+
+def test_run_log_tail_and_offsets(jp_fetch, run_loop, sampler, live_run):
+    run_id, _ = live_run
+    run_dir = Path(Registry().get_run(run_id)["run_dir"])
+    _write_log(run_dir, "rank0.log", "".join(f"line {i}\n" for i in range(5000)) + "partial")
+    tail = _get(run_loop, jp_fetch, "runs", run_id, "logs", "rank0.log")
+    assert tail["text"].startswith("line ") and tail["text"].endswith("line 4999\n")
+    assert len(tail["text"]) <= 16 * 1024 and tail["size"] > tail["to"]  # "partial" waits
+    _write_log(run_dir, "rank0.log", " now whole\nline 5001\n")
+    more = _get(run_loop, jp_fetch, "runs", run_id, "logs", "rank0.log", offset=tail["to"])
+    assert more["text"] == "partial now whole\nline 5001\n" and more["to"] == more["size"]
+    for name in ("registry.db", "..", "rank0.txt"):
+        code, msg = _http_error(run_loop, jp_fetch, "runs", run_id, "logs", name)
+        assert code == 400 and "rank<N>.log or supervisor.log" in msg, (name, code, msg)
+    # the detail lists each log's tail, in rank order, the supervisor's last
+    _write_log(run_dir, "supervisor.log", "supervisor up\n")
+    _write_log(run_dir, "rank1.log", "rank one\n")
+    logs = _get(run_loop, jp_fetch, "runs", run_id)["logs"]
+    assert [x["file"] for x in logs] == ["rank0.log", "rank1.log", "supervisor.log"]
+    assert logs[1]["text"] == "rank one\n" and logs[1]["to"] == len("rank one\n")
+
+
+def test_run_detail_carries_the_triage_of_a_failed_run(jp_fetch, run_loop, sampler,
+                                                       gpu_lab_home):
+    from gpu_lab.launch import triage
+
+    reg = Registry()
+    rid = f"failed-{uuid.uuid4().hex[:6]}"
+    run_dir = gpu_lab_home / "runs" / rid
+    (run_dir / "errors").mkdir(parents=True)
+    try:
+        raise ValueError("rank one broke on purpose")
+    except ValueError as e:
+        failure = triage.from_exception(1, e)
+    (run_dir / "errors" / "rank1.json").write_text(json.dumps(failure.to_dict()))
+    reg.create_run(rid, name="broken", num_processes=2, status="failed", run_dir=str(run_dir),
+                   error="rank 1: ValueError: rank one broke on purpose [user code]")
+    d = _get(run_loop, jp_fetch, "runs", rid)
+    f = d["failure"]
+    assert f["category"] == "user code"
+    assert "rank 1: ValueError: rank one broke on purpose" in f["text"]
+    assert "What to try (user code)" in f["text"]
+    assert [r["rank"] for r in f["ranks"]] == [1]
+    assert "raise ValueError" in f["ranks"][0]["traceback"]
+    # a failure recorded without the rank files (a headless job): the registry's text
+    (run_dir / "errors" / "rank1.json").unlink()
+    assert "rank one broke" in _get(run_loop, jp_fetch, "runs", rid)["failure"]["text"]
+
+
+def test_checkpoint_now_writes_the_control_file_of_a_running_run_only(jp_fetch, run_loop,
+                                                                       sampler, live_run):
+    run_id, _ = live_run
+    run_dir = Path(Registry().get_run(run_id)["run_dir"])
+    out = _post(run_loop, jp_fetch, "runs", run_id, "checkpoint")
+    # what gpu_lab.control_requested("checkpoint") looks for inside the ranks
+    assert out["requested"] == str(run_dir / "control" / "checkpoint")
+    assert (run_dir / "control" / "checkpoint").is_file()
+    Registry().set_status(run_id, "succeeded")
+    code, msg = _http_error(run_loop, jp_fetch, "runs", run_id, "checkpoint", method="POST")
+    assert code == 409 and "succeeded" in msg and "only a running run" in msg
+    code, _ = _http_error(run_loop, jp_fetch, "runs", "no-such-run", "checkpoint", method="POST")
+    assert code == 404
+
+
+def test_resume_refuses_with_the_librarys_message(jp_fetch, run_loop, sampler, live_run,
+                                                  gpu_lab_home):
+    run_id, _ = live_run
+    code, msg = _http_error(run_loop, jp_fetch, "runs", run_id, "resume", method="POST")
+    assert code == 409 and "stop it first" in msg
+    # a finished run whose training function was defined in a notebook (no importable entry)
+    reg = Registry()
+    nb = f"nb-{uuid.uuid4().hex[:6]}"
+    reg.create_run(nb, name="from-a-notebook", num_processes=2, status="stopped",
+                   output_dir=str(gpu_lab_home / "out" / nb), run_dir=str(gpu_lab_home / nb))
+    code, msg = _http_error(run_loop, jp_fetch, "runs", nb, "resume", method="POST")
+    assert code == 409 and "not importable (defined in a notebook?)" in msg, msg
+    assert len(reg.list_runs()) == 2  # nothing launched
+
+
+def test_resume_launches_a_run_that_continues_from_the_checkpoint(jp_fetch, run_loop, sampler,
+                                                                  gpu_lab_home, tmp_path):
+    import gpu_lab
+    import launch_fns
+
+    cfg = gpu_lab.TrainConfig(model="tiny_cnn", image_size=16, batch_size=8, max_steps=4,
+                              num_workers=0, tensorboard=False, num_processes=1,
+                              output_dir=str(tmp_path / "runs"))
+    first = gpu_lab.launch(launch_fns.fit_params, cfg, name="to-resume")
+    assert first.wait(300) == "succeeded", first.error
+    out = _post(run_loop, jp_fetch, "runs", first.id, "resume")
+    assert out["resumed"] == first.id
+    new = out["run"]
+    assert new["id"] != first.id and new["name"] == "to-resume"
+    assert new["resumed_from"]["run"] == first.id and new["resumed_from"]["step"] == 4
+    _wait_for(lambda: Registry().get_run(new["id"])["status"] not in ("pending", "running"),
+              timeout=300, what="the resumed run to end")
+    assert Registry().get_run(new["id"])["status"] == "succeeded"
+
+
+def test_compare_names_runs_by_the_config_fields_that_differ(jp_fetch, run_loop, sampler,
+                                                             gpu_lab_home):
+    import gpu_lab
+
+    reg = Registry()
+    ids = []
+    for lr in (1e-3, 3e-3):
+        rid = f"cmp-{uuid.uuid4().hex[:6]}"
+        cfg = gpu_lab.TrainConfig(lr=lr, max_steps=10, output_dir=str(gpu_lab_home / rid))
+        reg.create_run(rid, name="sweep", config=cfg.to_dict(), num_processes=2,
+                       status="succeeded")
+        reg.add_metrics([(rid, rank, s, 100.0 + s, "loss", lr * 1000 + rank) for s in range(10)
+                         for rank in (0, 1)])
+        ids.append(rid)
+    out = _get(run_loop, jp_fetch, "compare", runs=",".join(ids))
+    assert out["differ"] == ["lr"]  # output_dir differs too, but per run by construction
+    assert [r["label"] for r in out["runs"]] == ["lr=0.001", "lr=0.003"]
+    loss = out["metrics"]["loss"]
+    assert set(loss) == set(ids)
+    assert loss[ids[1]]["value"] == [pytest.approx(3.5)] * 10  # the mean over both ranks
+    assert loss[ids[0]]["step"] == list(range(10))
+    for bad in (ids[0], f"{ids[0]},not a run id!"):
+        code, msg = _http_error(run_loop, jp_fetch, "compare", runs=bad)
+        assert code == 400 and "2 to 8 run ids" in msg
+    code, msg = _http_error(run_loop, jp_fetch, "compare", runs=f"{ids[0]},nope")
+    assert code == 404 and "nope" in msg
+
+
+def _run_messages(run_loop, ws, run_id, until, timeout=60.0):
+    """Read 'run' messages of run_id until until(state) holds; state accumulates them."""
+    state = {"seqs": [], "logs": {}, "rows": []}
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        msg = json.loads(run_loop(ws.read_message(), timeout=timeout))
+        if msg.get("type") == "error":
+            raise AssertionError(msg)
+        if msg.get("type") != "run" or msg["run"] != run_id:
+            continue
+        state["seqs"] += [e["seq"] for e in msg.get("events", [])]
+        for chunk in msg.get("logs", []):
+            state["logs"][chunk["file"]] = state["logs"].get(chunk["file"], "") + chunk["text"]
+        if "row" in msg:
+            state["rows"].append(msg["row"])
+        if until(state):
+            return state
+    raise AssertionError(f"condition not met in {timeout} s: {state}")
+
+
+def test_run_feed_one_read_per_tick_for_many_followers(jp_ws_fetch, jp_fetch, jp_serverapp,
+                                                       run_loop, sampler, live_run):
+    run_id, proc = live_run
+    feeds = jp_serverapp.web_app.settings["gpu_lab"].feeds
+    feeds.interval = 0.1
+    reg = Registry()
+    run_dir = Path(reg.get_run(run_id)["run_dir"])
+    _write_log(run_dir, "rank0.log", "before anyone followed\n")
+    head = reg.last_seq(run_id)
+    clients = [run_loop(jp_ws_fetch("gpu-lab", "api", "telemetry", "ws")) for _ in range(3)]
+    # two views level with the registry, one from scratch (it is caught up by a read of its own)
+    for i, ws in enumerate(clients):
+        ws.write_message(json.dumps({"follow": run_id, "after": head if i else 0,
+                                     "logs": {"rank0.log": len("before anyone followed\n")}
+                                     if i else {}}))
+    first = _run_messages(run_loop, clients[0], run_id, lambda st: len(st["seqs"]) >= head)
+    assert first["seqs"] == list(range(1, head + 1))
+    assert first["logs"]["rank0.log"] == "before anyone followed\n"  # the tail
+    assert first["rows"][0]["status"] == "running"
+    _pump_until(run_loop, lambda: feeds.followers == 3, "three followers")
+    fams = _families(run_loop(jp_fetch("gpu-lab", "metrics")).body)  # what bench/server_load reads
+    assert fams["gpu_lab_server_run_feed_followers"].samples[0].value == 3
+    assert {x.labels["kind"] for x in fams["gpu_lab_server_run_feed_reads"].samples} == {
+        "shared", "catchup"}
+    # new events and log lines (rank1.log appears meanwhile) reach every follower, in order,
+    # once, over several ticks
+    catchups = feeds.reads["catchup"]
+    ticks = feeds.reads["shared"]
+    t = time.time()
+    for s in range(50, 80):
+        reg.add_metrics([(run_id, rank, s, t + s, "loss", 1.0) for rank in (0, 1)])
+        _write_log(run_dir, "rank0.log", f"step {s}\n")
+        _write_log(run_dir, "rank1.log", f"rank 1 step {s}\n")
+        if s % 10 == 9:
+            done = feeds.reads["shared"]
+            _pump_until(run_loop, lambda: feeds.reads["shared"] > done, "a feed tick")
+    end = reg.last_seq(run_id)
+    for ws in clients:
+        st = _run_messages(run_loop, ws, run_id,
+                           lambda st: st["seqs"] and st["seqs"][-1] == end
+                           and st["logs"].get("rank0.log", "").endswith("step 79\n")
+                           and st["logs"].get("rank1.log", "").endswith("step 79\n"))
+        assert st["seqs"] == list(range(head + 1, end + 1))
+        assert st["logs"]["rank0.log"] == "".join(f"step {s}\n" for s in range(50, 80))
+    assert feeds.reads["shared"] - ticks >= 3
+    # one read per tick for the run however many follow: followers that are level read nothing
+    # of their own (one that was busy when a tick came would: not here, on loopback)
+    assert feeds.reads["catchup"] - catchups < 3
+    # a status change reaches every follower as a row
+    Registry().set_status(run_id, "stopped", reason="stopped in a test")
+    for ws in clients:
+        st = _run_messages(run_loop, ws, run_id, lambda st: bool(st["rows"]))
+        assert st["rows"][-1]["status"] == "stopped"
+        assert st["rows"][-1]["reason"] == "stopped in a test"
+    # follow errors name what was wrong; unfollowing and closing leave no feed behind
+    clients[0].write_message(json.dumps({"follow": "no-such-run"}))
+    assert "no run with id 'no-such-run'" in _read_until(run_loop, clients[0], "error")["error"]
+    clients[0].write_message(json.dumps({"follow": run_id, "after": -3}))
+    assert "after=-3" in _read_until(run_loop, clients[0], "error")["error"]
+    clients[0].write_message(json.dumps({"follow": run_id, "logs": {"../registry.db": 0}}))
+    assert "rank<N>.log" in _read_until(run_loop, clients[0], "error")["error"]
+    clients[0].write_message(json.dumps({"unfollow": run_id}))
+    _pump_until(run_loop, lambda: feeds.followers == 2, "the unfollow")
+    for ws in clients:
+        ws.close()
+    _pump_until(run_loop, lambda: not feeds.runs, "the feed to close with its last follower")
+    assert feeds.followers == 0
+
+
+def test_a_followed_live_run_says_which_gpus_its_ranks_use(jp_ws_fetch, jp_fetch, run_loop,
+                                                           monkeypatch, live_run):
+    """While a view follows a live run, the shared sampler watches the run's processes: samples
+    carry the device memory they hold per GPU, and the view matches it to the ranks' pids."""
+    from gpu_lab.telemetry.doubles import FakeGPU
+
+    run_id, proc = live_run
+    other = proc.pid + 100000  # a process of someone else's on the second board
+    boards = [FakeGPU(uuid="GPU-run", processes={proc.pid: 3 * 1024**3}),
+              FakeGPU(uuid="GPU-other", processes={other: 1024**3})]
+    s = Sampler(interval=0.25, gpu=NVMLSampler(nvml=FakeNVML(boards), visible=None))
+    monkeypatch.setattr(sampler_mod, "_sampler", s)
+    monkeypatch.setattr(sampler_mod, "_sampler_pid", os.getpid())
+    try:
+        Registry().add_events(run_id, [{"rank": 0, "kind": "status", "t": time.time(),
+                                        "data": {"status": "running", "pid": proc.pid}}])
+        detail = _get(run_loop, jp_fetch, "runs", run_id)
+        assert detail["pids"] == {"0": proc.pid}
+        ws = run_loop(jp_ws_fetch("gpu-lab", "api", "telemetry", "ws", params={"interval": 0.25}))
+        ws.write_message(json.dumps({"follow": run_id, "after": detail["seq"]}))
+        for _ in range(40):
+            msg = _read_until(run_loop, ws, "sample")["sample"]
+            if msg["gpus"][0].get("process_mem_mb"):
+                break
+        assert msg["gpus"][0]["process_mem_mb"] == {str(proc.pid): 3072.0}
+        assert not msg["gpus"][1].get("process_mem_mb")  # not the run's
+        ws.close()
+
+        def watched() -> bool:
+            body = json.loads(run_loop(jp_fetch("gpu-lab", "api", "telemetry")).body)
+            return bool(body["latest"]["gpus"][0].get("process_mem_mb"))
+
+        _pump_until(run_loop, lambda: not watched(),
+                    "the sampler to stop watching the run once nobody follows it")
+    finally:
+        s.close()
+
+
+def _pump_until(run_loop, cond, what, timeout=20.0):
+    """Wait for the server (on this test's event loop) to get somewhere."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
+        run_loop(asyncio.sleep(0.05))
 
 
 # --- prometheus ------------------------------------------------------------------------------------

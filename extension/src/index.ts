@@ -12,12 +12,17 @@ import {
   Notification,
   WidgetTracker
 } from '@jupyterlab/apputils';
+import { ILauncher } from '@jupyterlab/launcher';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { LabIcon } from '@jupyterlab/ui-components';
+import { Widget } from '@lumino/widgets';
 
-import { RunDashboard } from './dashboard';
+import { CompareView } from './compare';
+import { newTrainingNotebook } from './launcher';
 import { GpuLabModel, IRun } from './model';
 import { GpuLabPanel } from './panel';
+import { RunViewModel } from './runmodel';
+import { RunView } from './runview';
 import { GpuLabStatus } from './statusbar';
 
 export * from './model';
@@ -28,7 +33,9 @@ export namespace CommandIDs {
   export const openPanel = 'gpu-lab:open-panel';
   export const openTutorials = 'gpu-lab:open-tutorials';
   export const openRunDashboard = 'gpu-lab:open-run-dashboard';
+  export const compareRuns = 'gpu-lab:compare-runs';
   export const stopRun = 'gpu-lab:stop-run';
+  export const newTrainingRun = 'gpu-lab:new-training-run';
 }
 
 const chipSvg = `<svg xmlns="http://www.w3.org/2000/svg" width="16" height="16" viewBox="0 0 24 24">
@@ -43,18 +50,36 @@ export const gpuLabIcon = new LabIcon({ name: 'gpu_lab:chip', svgstr: chipSvg })
 
 const plugin: JupyterFrontEndPlugin<GpuLabModel> = {
   id: PLUGIN_ID,
-  description: 'GPU Lab: live GPU and host telemetry, runs list with Stop, status-bar item.',
+  description: 'GPU Lab: live GPU and host telemetry, runs list, run views with controls, ' +
+    'run comparison, a launcher tile and a status-bar item.',
   autoStart: true,
-  optional: [ICommandPalette, ILayoutRestorer, IStatusBar],
+  optional: [ICommandPalette, ILayoutRestorer, IStatusBar, ILauncher],
   activate: (
     app: JupyterFrontEnd,
     palette: ICommandPalette | null,
     restorer: ILayoutRestorer | null,
-    statusBar: IStatusBar | null
+    statusBar: IStatusBar | null,
+    launcher: ILauncher | null
   ): GpuLabModel => {
     const model = new GpuLabModel();
     const { commands, shell } = app;
-    const tracker = new WidgetTracker<MainAreaWidget<RunDashboard>>({ namespace: 'gpu-lab-run' });
+    const tracker = new WidgetTracker<MainAreaWidget<RunView>>({ namespace: 'gpu-lab-run' });
+    const compares = new WidgetTracker<MainAreaWidget<CompareView>>({
+      namespace: 'gpu-lab-compare'
+    });
+
+    const addToMain = async <T extends Widget>(
+      content: T,
+      into: WidgetTracker<MainAreaWidget<T>>
+    ): Promise<MainAreaWidget<T>> => {
+      const widget = new MainAreaWidget({ content });
+      widget.id = content.id;
+      widget.title.icon = gpuLabIcon;
+      await into.add(widget);
+      shell.add(widget, 'main');
+      shell.activateById(widget.id);
+      return widget;
+    };
 
     const stop = async (run: IRun): Promise<void> => {
       try {
@@ -68,6 +93,7 @@ const plugin: JupyterFrontEndPlugin<GpuLabModel> = {
     const panel = new GpuLabPanel(model, {
       stop,
       openDashboard: run => void commands.execute(CommandIDs.openRunDashboard, { runId: run.id }),
+      compare: runIds => void commands.execute(CommandIDs.compareRuns, { runIds }),
       openTutorials: () => void commands.execute(CommandIDs.openTutorials)
     });
     panel.title.icon = gpuLabIcon;
@@ -98,8 +124,9 @@ const plugin: JupyterFrontEndPlugin<GpuLabModel> = {
     });
 
     commands.addCommand(CommandIDs.openRunDashboard, {
-      label: args => (args.runId ? `GPU Lab: Open Dashboard of Run ${args.runId}` : 'GPU Lab: Open Dashboard of Newest Run'),
-      caption: 'Open a run\'s dashboard (its metrics from the registry) in the main area',
+      label: args => (args.runId ? `GPU Lab: Open Run ${args.runId}` : 'GPU Lab: Open Newest Run'),
+      caption: 'Open a run\'s view: metrics per rank, GPU and host, config, logs, controls',
+      icon: gpuLabIcon,
       execute: async args => {
         let runId = args.runId as string | undefined;
         if (!runId) {
@@ -115,16 +142,53 @@ const plugin: JupyterFrontEndPlugin<GpuLabModel> = {
           shell.activateById(open.id);
           return open;
         }
-        const content = new RunDashboard(model, runId);
-        const widget = new MainAreaWidget({ content });
-        widget.id = content.id;
-        widget.title.icon = gpuLabIcon;
-        await tracker.add(widget);
-        shell.add(widget, 'main');
-        shell.activateById(widget.id);
+        const runModel = new RunViewModel(model, runId);
+        const content = new RunView(runModel, {
+          openRun: id => void commands.execute(CommandIDs.openRunDashboard, { runId: id })
+        });
+        const widget = await addToMain(content, tracker);
+        try {
+          await runModel.open();
+        } catch (error) {
+          Notification.error(`GPU Lab: could not open run ${runId}: ${(error as Error).message}`);
+          widget.dispose();
+          return;
+        }
         return widget;
       }
     });
+
+    commands.addCommand(CommandIDs.compareRuns, {
+      label: 'GPU Lab: Compare Runs',
+      caption: 'Overlay the curves of two or more runs, named by how their configs differ',
+      icon: gpuLabIcon,
+      isEnabled: args => Array.isArray(args.runIds) && (args.runIds as string[]).length >= 2,
+      execute: async args => {
+        const runIds = (args.runIds as string[]).slice();
+        const open = compares.find(w => w.content.id === CompareView.idFor(runIds));
+        if (open) {
+          shell.activateById(open.id);
+          void open.content.refresh();
+          return open;
+        }
+        return addToMain(new CompareView(model, runIds), compares);
+      }
+    });
+
+    commands.addCommand(CommandIDs.newTrainingRun, {
+      label: args => (args.isLauncher ? 'GPU Lab training run' : 'GPU Lab: New Training Run Notebook'),
+      caption: 'A new notebook with a LaunchPanel: a form for the run\'s config and a Launch button',
+      icon: gpuLabIcon,
+      execute: args => newTrainingNotebook(app, (args.cwd as string) ?? '')
+    });
+    if (launcher) {
+      launcher.add({
+        command: CommandIDs.newTrainingRun,
+        args: { isLauncher: true },
+        category: 'GPU Lab',
+        rank: 1
+      });
+    }
 
     commands.addCommand(CommandIDs.stopRun, {
       label: args => `GPU Lab: Stop Run ${args.runId ?? ''}`.trim(),
@@ -142,13 +206,19 @@ const plugin: JupyterFrontEndPlugin<GpuLabModel> = {
         args: w => ({ runId: w.content.runId }),
         name: w => w.content.runId
       });
+      void restorer.restore(compares, {
+        command: CommandIDs.compareRuns,
+        args: w => ({ runIds: w.content.runIds }),
+        name: w => w.content.runIds.join(',')
+      });
     }
 
     if (palette) {
       for (const command of [
         CommandIDs.openPanel,
         CommandIDs.openTutorials,
-        CommandIDs.openRunDashboard
+        CommandIDs.openRunDashboard,
+        CommandIDs.newTrainingRun
       ]) {
         palette.addItem({ command, category: 'GPU Lab' });
       }

@@ -2,8 +2,10 @@
  * The model: talks to gpu_lab's server extension and holds what the views show.
  *
  * One websocket per browser tab streams telemetry (the server fans its one shared sampler out to
- * every tab); the runs list is polled, because the registry is a SQLite file written by other
- * processes and has nothing to push. Views subscribe to the signals and never fetch anything.
+ * every tab) and the runs that open run views follow (the server reads each run once for every
+ * tab that follows it); the runs list is polled, because the registry is a SQLite file written by
+ * other processes. The side panel and status bar subscribe to the signals; run views keep their
+ * own model (runmodel.ts) over this one.
  */
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
@@ -30,6 +32,8 @@ export interface IGpuStats {
   mem_used_pct?: number | null;
   temperature_c?: number | null;
   power_w?: number | null;
+  /** device memory held by the processes of the runs the server watches: {pid: MiB} */
+  process_mem_mb?: Record<string, number> | null;
 }
 
 export interface ISample {
@@ -60,11 +64,105 @@ export interface IRun {
   last_loss: number | null;
   error: string | null;
   notebook: string | null;
+  reason?: string | null;
+  resumed_from?: { run: string | null; step: number; path: string } | null;
+  detach?: number | null;
+  output_dir?: string | null;
+  run_dir?: string | null;
 }
 
+/** A series as the server sends it: bounded, each bucket's minimum and maximum kept. */
+export interface ISeriesPoints {
+  step: number[];
+  t: number[];
+  value: Array<number | null>;
+}
+
+/** One event of a run's record (gpu_lab.stream.events), numbered by `seq`. */
+export interface IRunEvent {
+  seq: number;
+  rank: number;
+  kind: 'metric' | 'status' | 'error' | 'log' | 'dropped';
+  t: number;
+  step: number | null;
+  data: Record<string, any>;
+}
+
+/** Whole lines of a run's log file, bytes [from, to). */
+export interface ILogChunk {
+  file: string;
+  from: number;
+  to: number;
+  size?: number;
+  text: string;
+}
+
+export interface IRankFailure {
+  rank: number;
+  type: string;
+  message: string;
+  category: string;
+  explanation?: string;
+  suggestions?: string[];
+  traceback?: string;
+}
+
+/** The triage of a failed run: root cause first, and what to try. */
+export interface IFailure {
+  text: string;
+  category: string | null;
+  ranks: IRankFailure[];
+}
+
+/** What a run view opens with: it follows the run from `seq` and each log's `to`. */
 export interface IRunDetail extends IRun {
   config: Record<string, unknown>;
-  metrics: Record<string, { step: number[]; value: number[] }>;
+  seq: number;
+  /** metric -> "0" | "1" | ... | "mean" -> points */
+  series: Record<string, Record<string, ISeriesPoints>>;
+  /** steps whose mean still waits for a rank: metric -> [step, sum, n, t][] */
+  mean_open?: Record<string, Array<[number, number, number, number]>>;
+  notes: IRunEvent[];
+  failure: IFailure | null;
+  logs: ILogChunk[];
+  /** rank -> pid: what NVML lists on the GPUs a rank uses */
+  pids?: Record<string, number>;
+}
+
+/** What the server pushes to a view that follows a run (each part only when new). */
+export interface IRunFeedMessage {
+  type: 'run' | 'error';
+  run: string;
+  from?: number;
+  events?: IRunEvent[];
+  logs?: ILogChunk[];
+  row?: IRun;
+  error?: string;
+}
+
+export interface IRunEvents {
+  run: IRun;
+  events: IRunEvent[];
+  seq: number;
+  more: boolean;
+}
+
+export interface ICompareRun extends IRun {
+  label: string;
+  differs: Record<string, unknown>;
+}
+
+/** Runs overlaid: each metric's mean per run (t: seconds since that run started). */
+export interface ICompare {
+  runs: ICompareRun[];
+  differ: string[];
+  metrics: Record<string, Record<string, ISeriesPoints>>;
+}
+
+/** Where a view stands in a run's record: the server sends what comes after. */
+export interface IFeedCursor {
+  after: number;
+  logs: Record<string, number>;
 }
 
 export interface IInfo {
@@ -178,8 +276,64 @@ export class GpuLabModel {
     return run;
   }
 
-  getRun(id: string): Promise<IRunDetail> {
-    return requestAPI<IRunDetail>(`api/runs/${encodeURIComponent(id)}`);
+  /** Ask a running run for a checkpoint at its next step boundary. */
+  requestCheckpoint(id: string): Promise<{ run: IRun; requested: string }> {
+    return requestAPI(`api/runs/${encodeURIComponent(id)}/checkpoint`, { method: 'POST' });
+  }
+
+  /** A new run that continues this one from its newest checkpoint. */
+  async resumeRun(id: string): Promise<{ run: IRun; resumed: string }> {
+    const out = await requestAPI<{ run: IRun; resumed: string }>(
+      `api/runs/${encodeURIComponent(id)}/resume`,
+      { method: 'POST' }
+    );
+    await this.refreshRuns();
+    return out;
+  }
+
+  getRun(id: string, points = 1000): Promise<IRunDetail> {
+    return requestAPI<IRunDetail>(`api/runs/${encodeURIComponent(id)}?points=${points}`);
+  }
+
+  runEvents(id: string, after: number): Promise<IRunEvents> {
+    return requestAPI<IRunEvents>(`api/runs/${encodeURIComponent(id)}/events?after=${after}`);
+  }
+
+  readLog(id: string, file: string, offset: number): Promise<ILogChunk> {
+    return requestAPI<ILogChunk>(
+      `api/runs/${encodeURIComponent(id)}/logs/${encodeURIComponent(file)}?offset=${offset}`
+    );
+  }
+
+  compare(ids: string[], points = 1000): Promise<ICompare> {
+    const runs = ids.map(encodeURIComponent).join(',');
+    return requestAPI<ICompare>(`api/compare?runs=${runs}&points=${points}`);
+  }
+
+  telemetryHistory(n: number): Promise<{ latest: ISample | null; history: ISample[] }> {
+    return requestAPI(`api/telemetry?n=${n}`);
+  }
+
+  /**
+   * Follow a run over this tab's websocket: the server pushes its new events, log lines and row
+   * changes to `handler`. `cursor()` says where the view stands; it is asked again whenever the
+   * socket reconnects, so nothing is missed. One follower per run per tab.
+   */
+  follow(
+    runId: string,
+    cursor: () => IFeedCursor,
+    handler: (msg: IRunFeedMessage) => void
+  ): { dispose: () => void } {
+    this._follows.set(runId, { cursor, handler });
+    this._sendFollow(runId);
+    return {
+      dispose: () => {
+        if (this._follows.get(runId)?.handler === handler) {
+          this._follows.delete(runId);
+          this._sendJSON({ unfollow: runId });
+        }
+      }
+    };
   }
 
   info(): Promise<IInfo> {
@@ -210,6 +364,9 @@ export class GpuLabModel {
     this._socket = socket;
     socket.onopen = () => {
       this._backoff = 1000;
+      for (const runId of this._follows.keys()) {
+        this._sendFollow(runId);
+      }
       this._setConnected(true);
     };
     socket.onmessage = event => this._onMessage(event.data);
@@ -245,8 +402,24 @@ export class GpuLabModel {
         this._history.splice(0, this._history.length - HISTORY_LENGTH);
       }
       this._telemetryChanged.emit(msg.sample);
+    } else if (msg.type === 'run' || (msg.type === 'error' && msg.run)) {
+      this._follows.get(msg.run)?.handler(msg as IRunFeedMessage);
     } else if (msg.type === 'error') {
       console.warn('gpu_lab telemetry:', msg.error);
+    }
+  }
+
+  private _sendFollow(runId: string): void {
+    const follow = this._follows.get(runId);
+    if (follow) {
+      const { after, logs } = follow.cursor();
+      this._sendJSON({ follow: runId, after, logs });
+    }
+  }
+
+  private _sendJSON(payload: unknown): void {
+    if (this._socket?.readyState === WebSocket.OPEN) {
+      this._socket.send(JSON.stringify(payload));
     }
   }
 
@@ -258,6 +431,10 @@ export class GpuLabModel {
   }
 
   private _interval: number;
+  private _follows = new Map<
+    string,
+    { cursor: () => IFeedCursor; handler: (msg: IRunFeedMessage) => void }
+  >();
   private _history: ISample[] = [];
   private _runs: IRun[] = [];
   private _started = false;
@@ -287,4 +464,13 @@ export function formatPct(v: number | null | undefined): string {
 
 export function isActive(status: RunStatus): boolean {
   return ACTIVE_STATUSES.includes(status);
+}
+
+/** "2h05m", "3m07s", "12s". */
+export function formatDuration(seconds: number): string {
+  const s = Math.max(0, Math.floor(seconds));
+  if (s >= 3600) {
+    return `${Math.floor(s / 3600)}h${String(Math.floor((s % 3600) / 60)).padStart(2, '0')}m`;
+  }
+  return s >= 60 ? `${Math.floor(s / 60)}m${String(s % 60).padStart(2, '0')}s` : `${s}s`;
 }

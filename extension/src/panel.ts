@@ -1,11 +1,13 @@
 /**
- * The "GPU Lab" side panel: live per-GPU charts, host stats and the runs list with Stop buttons.
+ * The "GPU Lab" side panel: live per-GPU charts, host stats and the runs list with View and Stop
+ * buttons and checkboxes to compare runs.
  * A view only: everything it shows comes from GpuLabModel's signals.
  */
 import { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
-import { Sparkline } from './chart';
+import { Sparkline } from './sparkline';
+import { el } from './dom';
 import {
   formatMiB,
   formatPct,
@@ -19,22 +21,8 @@ import {
 export interface IPanelActions {
   stop(run: IRun): Promise<void>;
   openDashboard(run: IRun): void;
+  compare(runIds: string[]): void;
   openTutorials(): void;
-}
-
-function el<K extends keyof HTMLElementTagNameMap>(
-  tag: K,
-  className = '',
-  text = ''
-): HTMLElementTagNameMap[K] {
-  const node = document.createElement(tag);
-  if (className) {
-    node.className = className;
-  }
-  if (text) {
-    node.textContent = text;
-  }
-  return node;
 }
 
 /** One labelled value with a sparkline of its recent history. */
@@ -99,24 +87,29 @@ class GpuCard {
   private _extra: HTMLDivElement;
 }
 
-/** One run: name and status, step and last loss, then its buttons (narrow-panel friendly). */
+/** One run: a checkbox (to compare), name and status, step and last loss, then its buttons
+ *  (narrow-panel friendly). */
 class RunCard {
-  constructor(run: IRun, actions: IPanelActions) {
+  constructor(run: IRun, actions: IPanelActions, onSelect: () => void) {
     this._run = run;
     this.node = el('div', 'jp-GpuLab-run');
     this.node.dataset.runId = run.id;
     const top = el('div', 'jp-GpuLab-run-top');
+    this.select = el('input', 'jp-GpuLab-run-select');
+    this.select.type = 'checkbox';
+    this.select.title = 'Select to compare with other runs';
+    this.select.onchange = onSelect;
     this._name = el('span', 'jp-GpuLab-run-name');
     this._status = el('span', 'jp-GpuLab-run-status');
-    top.append(this._name, this._status);
+    top.append(this.select, this._name, this._status);
     const stats = el('div', 'jp-GpuLab-run-stats');
     this._step = el('span', 'jp-GpuLab-run-step');
     this._loss = el('span', 'jp-GpuLab-run-loss');
     this._procs = el('span', 'jp-GpuLab-run-procs');
     stats.append('step ', this._step, ' · loss ', this._loss, this._procs);
     const buttons = el('div', 'jp-GpuLab-run-actions');
-    const dash = el('button', 'jp-GpuLab-button jp-GpuLab-open-dashboard', 'Dashboard');
-    dash.title = 'Open this run\'s dashboard (its metrics from the registry)';
+    const dash = el('button', 'jp-GpuLab-button jp-GpuLab-open-dashboard', 'View');
+    dash.title = 'Open this run\'s view: live metrics per rank, GPU and host, logs, controls';
     dash.onclick = () => actions.openDashboard(this._run);
     this._stop = el('button', 'jp-GpuLab-button jp-GpuLab-stop', 'Stop');
     this._stop.title = 'Stop the run: SIGTERM to its process group, SIGKILL after a grace period';
@@ -135,6 +128,7 @@ class RunCard {
   }
 
   readonly node: HTMLDivElement;
+  readonly select: HTMLInputElement;
 
   update(run: IRun): void {
     this._run = run;
@@ -189,7 +183,13 @@ export class GpuLabPanel extends Widget {
 
     const runs = el('div', 'jp-GpuLab-section jp-GpuLab-runs');
     runs.dataset.section = 'runs';
-    runs.appendChild(el('h3', '', 'Runs'));
+    const runsHeader = el('div', 'jp-GpuLab-runs-header');
+    this._compare = el('button', 'jp-GpuLab-button jp-GpuLab-compare', 'Compare');
+    this._compare.title = 'Select two or more runs, then compare their curves in one view';
+    this._compare.disabled = true;
+    this._compare.onclick = () => this._actions.compare(this._selected());
+    runsHeader.append(el('h3', '', 'Runs'), this._compare);
+    runs.appendChild(runsHeader);
     this._runsList = el('div', 'jp-GpuLab-runs-list');
     this._runsEmpty = el('div', 'jp-GpuLab-empty', 'No runs yet: launch one from a notebook.');
     runs.append(this._runsList, this._runsEmpty);
@@ -290,10 +290,11 @@ export class GpuLabPanel extends Widget {
         this._runCards.delete(id);
       }
     }
+    this._onSelect();
     runs.forEach((run, i) => {
       let card = this._runCards.get(run.id);
       if (!card) {
-        card = new RunCard(run, this._actions);
+        card = new RunCard(run, this._actions, () => this._onSelect());
         this._runCards.set(run.id, card);
       }
       card.update(run);
@@ -304,8 +305,19 @@ export class GpuLabPanel extends Widget {
     });
   }
 
+  private _selected(): string[] {
+    return [...this._runCards.entries()].filter(([, c]) => c.select.checked).map(([id]) => id);
+  }
+
+  private _onSelect(): void {
+    const n = this._selected().length;
+    this._compare.disabled = n < 2;
+    this._compare.textContent = n ? `Compare (${n})` : 'Compare';
+  }
+
   private _model: GpuLabModel;
   private _actions: IPanelActions;
+  private _compare: HTMLButtonElement;
   private _conn: HTMLSpanElement;
   private _gpus: HTMLDivElement;
   private _cards = new Map<number, GpuCard>();

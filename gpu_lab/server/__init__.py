@@ -2,19 +2,30 @@
 telemetry sampler and run registry, plus a Prometheus exposition.
 
 Thin handlers (handlers.py) over one per-server state object (state.py): a telemetry hub that holds
-the single subscription to the shared sampler however many browsers connect (hub.py), the run
-registry, and a small thread pool so that SQLite, NVML and process signalling never run on the
-IOLoop. Prometheus metrics are built in metrics.py (DCGM-exporter names in dcgm.py), and the
-extension's settings (`c.GpuLabServer.*`) are in settings.py.
+the single subscription to the shared sampler however many browsers connect (hub.py), live run
+feeds that read each followed run once per tick for every browser that follows it (feeds.py), what
+the run view reads from a run's record and folder (runview.py), the run registry, and a small
+thread pool so that SQLite, NVML, files and process signalling never run on the IOLoop. Prometheus
+metrics are built in metrics.py (DCGM-exporter names in dcgm.py), and the extension's settings
+(`c.GpuLabServer.*`) are in settings.py.
 
 Endpoints (under the server's base_url):
 
     GET  gpu-lab/api/info                  version, GPU count, tutorials index path
     GET  gpu-lab/api/telemetry?n=60        latest sample + the last n samples
-    WS   gpu-lab/api/telemetry/ws          streams samples; client sends {"interval": s}, s >= 0.25
+    WS   gpu-lab/api/telemetry/ws          streams samples; client sends {"interval": s}, s >= 0.25;
+                                           {"follow": id, "after": seq, "logs": {file: offset}}
+                                           pushes that run's new events, log lines and status
     GET  gpu-lab/api/runs                  runs from the registry, with last step and loss
-    GET  gpu-lab/api/runs/<id>             one run plus its (decimated) metric series
+    GET  gpu-lab/api/runs/<id>?points=1000 the run view's start: row, config, bounded series per
+                                           rank and their mean, notes, triage, log tails, seq
+    GET  gpu-lab/api/runs/<id>/events?after=N&limit=M   the run's events after seq N
+    GET  gpu-lab/api/runs/<id>/logs/<file>?offset=B     whole lines of rank<N>.log or
+                                           supervisor.log from byte B (-1: the tail)
     POST gpu-lab/api/runs/<id>/stop        gpu_lab.launch.stop_run(id)
+    POST gpu-lab/api/runs/<id>/checkpoint  a checkpoint at the next step boundary
+    POST gpu-lab/api/runs/<id>/resume      gpu_lab.attach(id).resume(): a run that continues it
+    GET  gpu-lab/api/compare?runs=a,b      each run's mean curves and the config fields that differ
     GET  gpu-lab/metrics                   Prometheus text format: gpu_lab_* and DCGM-exporter
                                            names (c.GpuLabServer.gpu_lab_metrics, dcgm_metrics,
                                            run_metrics switch each family; see settings.py)

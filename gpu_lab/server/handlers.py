@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import re
 from typing import Any, Callable
 
 from jupyter_core.utils import ensure_async
@@ -19,11 +20,15 @@ from jupyter_server.base.websocket import WebSocketMixin
 from jupyter_server.utils import url_path_join
 from tornado import web, websocket
 
+from . import runview
 from .hub import DEFAULT_INTERVAL, MAX_HISTORY, clamp_interval
 from .state import ServerState
 
 AUTH_RESOURCE = "gpu_lab"
-_RUN_ID = r"(?P<run_id>[A-Za-z0-9._-]{1,128})"
+_RUN_ID_CHARS = r"[A-Za-z0-9._-]{1,128}"
+_RUN_ID = rf"(?P<run_id>{_RUN_ID_CHARS})"
+_RUN_ID_RE = re.compile(_RUN_ID_CHARS)
+MAX_COMPARE = 8
 
 
 class _Base(APIHandler):
@@ -80,11 +85,42 @@ class RunHandler(_Base):
     @web.authenticated
     @authorized
     async def get(self, run_id: str) -> None:
-        points = self.int_arg("points", 500, 4, 5000)
+        points = self.int_arg("points", runview.DEFAULT_POINTS, 4, runview.MAX_POINTS)
         run = await self.off_loop(self.state.get_run, run_id, points)
         if run is None:
-            raise web.HTTPError(404, f"no run with id {run_id!r} in the registry")
+            raise _no_run(run_id)
         self.finish(json.dumps(run))
+
+
+class RunEventsHandler(_Base):
+    """A run's events after sequence number `after` (at most `limit`): what a view that has seen
+    up to `after` lacks. `more` says whether another page follows."""
+
+    @web.authenticated
+    @authorized
+    async def get(self, run_id: str) -> None:
+        after = self.int_arg("after", 0, 0, 2**62)
+        limit = self.int_arg("limit", runview.EVENTS_LIMIT, 1, 10 * runview.EVENTS_LIMIT)
+        out = await self.off_loop(self.state.events, run_id, after, limit)
+        if out is None:
+            raise _no_run(run_id)
+        self.finish(json.dumps(out))
+
+
+class RunLogHandler(_Base):
+    """Whole lines of a run's log file from byte `offset` (-1: its tail)."""
+
+    @web.authenticated
+    @authorized
+    async def get(self, run_id: str, name: str) -> None:
+        offset = self.int_arg("offset", -1, -1, 2**62)
+        try:
+            out = await self.off_loop(self.state.read_log, run_id, name, offset)
+        except ValueError as e:
+            raise web.HTTPError(400, str(e))
+        if out is None:
+            raise _no_run(run_id)
+        self.finish(json.dumps(out))
 
 
 class StopRunHandler(_Base):
@@ -94,8 +130,61 @@ class StopRunHandler(_Base):
         try:
             run = await self.off_loop(self.state.stop_run, run_id)
         except KeyError:
-            raise web.HTTPError(404, f"no run with id {run_id!r} in the registry")
+            raise _no_run(run_id)
         self.finish(json.dumps(run))
+
+
+class _ControlHandler(_Base):
+    async def control(self, fn: Callable, run_id: str) -> None:
+        try:
+            out = await self.off_loop(fn, run_id)
+        except KeyError:
+            raise _no_run(run_id)
+        except ValueError as e:  # the library's own message: what is wrong and what to do
+            raise web.HTTPError(409, str(e))
+        self.finish(json.dumps(out))
+
+
+class CheckpointHandler(_ControlHandler):
+    """Ask a running run for a checkpoint at its next step boundary (Run.request_checkpoint)."""
+
+    @web.authenticated
+    @authorized
+    async def post(self, run_id: str) -> None:
+        await self.control(self.state.request_checkpoint, run_id)
+
+
+class ResumeHandler(_ControlHandler):
+    """gpu_lab.attach(run_id).resume(): a new run from the newest checkpoint of this one."""
+
+    @web.authenticated
+    @authorized
+    async def post(self, run_id: str) -> None:
+        await self.control(self.state.resume, run_id)
+
+
+class CompareHandler(_Base):
+    """?runs=<id>,<id>[,...]: each run's mean curves, and the config fields in which they differ."""
+
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        raw = self.get_argument("runs", "")
+        ids = [r for r in raw.split(",") if r]
+        bad = [r for r in ids if not _RUN_ID_RE.fullmatch(r)]
+        if len(ids) < 2 or len(ids) > MAX_COMPARE or bad:
+            raise web.HTTPError(400, f"query parameter runs: got {raw[:200]!r}; expected 2 to "
+                                     f"{MAX_COMPARE} run ids separated by commas")
+        points = self.int_arg("points", runview.DEFAULT_POINTS, 4, runview.MAX_POINTS)
+        try:
+            out = await self.off_loop(self.state.compare, ids, points)
+        except KeyError as e:
+            raise _no_run(e.args[0])
+        self.finish(json.dumps(out))
+
+
+def _no_run(run_id: str) -> web.HTTPError:
+    return web.HTTPError(404, f"no run with id {run_id!r} in the registry")
 
 
 class MetricsHandler(_Base):
@@ -114,8 +203,14 @@ class MetricsHandler(_Base):
 
 
 class TelemetryWebSocket(WebSocketMixin, websocket.WebSocketHandler, JupyterHandler):
-    """Streams telemetry samples. The client may send {"interval": seconds} at any time; the
-    interval is clamped to at least 0.25 s. Query parameter ?interval= sets the initial value."""
+    """The lab's live feed: telemetry samples, and the runs this browser follows (feeds.py).
+
+    Messages from the client, at any time:
+      {"interval": seconds}       telemetry update interval, clamped to at least 0.25 s (query
+                                  parameter ?interval= sets the initial one)
+      {"follow": run_id, "after": seq, "logs": {"rank0.log": byte offset, ...}}
+      {"unfollow": run_id}
+    """
 
     auth_resource = AUTH_RESOURCE
     interval: float = DEFAULT_INTERVAL
@@ -138,6 +233,7 @@ class TelemetryWebSocket(WebSocketMixin, websocket.WebSocketHandler, JupyterHand
             raise web.HTTPError(400, str(e))
         self._last_sent = 0.0
         self._pending: Any = None
+        self._feed_pending: Any = None
         return await super().get(*args, **kwargs)
 
     async def open(self, *args: Any, **kwargs: Any) -> None:
@@ -149,19 +245,37 @@ class TelemetryWebSocket(WebSocketMixin, websocket.WebSocketHandler, JupyterHand
 
     def on_message(self, message: str | bytes) -> None:
         try:
+            msg = json.loads(message)
+        except ValueError:
+            msg = None
+        if isinstance(msg, dict) and "follow" in msg:
+            asyncio.ensure_future(self._follow(msg))
+        elif isinstance(msg, dict) and "unfollow" in msg:
+            self.state.feeds.unfollow(self, str(msg["unfollow"]))
+        elif isinstance(msg, dict) and "interval" in msg:
             try:
-                msg = json.loads(message)
-            except ValueError:
-                msg = None
-            if not isinstance(msg, dict) or "interval" not in msg:
-                raise ValueError(f'message: got {str(message)[:80]!r}; expected a JSON object '
-                                 f'{{"interval": seconds}}')
-            self.interval = clamp_interval(msg["interval"])
+                self.interval = clamp_interval(msg["interval"])
+            except ValueError as e:
+                self._send({"type": "error", "error": str(e)})
+                return
+            self.state.hub.retune()
+            self._send({"type": "interval", "interval": self.interval})
+        else:
+            self._send({"type": "error", "error": (
+                f'message: got {str(message)[:80]!r}; expected a JSON object {{"interval": '
+                f'seconds}}, {{"follow": run_id, "after": seq, "logs": {{file: offset}}}} or '
+                f'{{"unfollow": run_id}}')})
+
+    async def _follow(self, msg: dict) -> None:
+        run_id = msg.get("follow")
+        try:
+            after, logs = _follow_args(msg)
+            await self.state.feeds.follow(self, run_id, after, logs)
+        except KeyError:
+            self._send({"type": "error", "run": run_id,
+                        "error": f"follow: no run with id {run_id!r} in the registry"})
         except ValueError as e:
-            self._send({"type": "error", "error": str(e)})
-            return
-        self.state.hub.retune()
-        self._send({"type": "interval", "interval": self.interval})
+            self._send({"type": "error", "run": run_id, "error": str(e)})
 
     def offer(self, message: str, now: float) -> None:
         """Called by the hub on the IOLoop for every new sample."""
@@ -178,6 +292,17 @@ class TelemetryWebSocket(WebSocketMixin, websocket.WebSocketHandler, JupyterHand
         self._last_sent = now
         self.state.hub.messages_sent += 1
 
+    def feed_send(self, message: str) -> bool:
+        """Called by the run feeds; False (the feed catches this client up later) while the
+        previous feed message has not left the socket, so nothing piles up in the server."""
+        if self._feed_pending is not None and not self._feed_pending.done():
+            return False
+        try:
+            self._feed_pending = self.write_message(message)
+        except websocket.WebSocketClosedError:
+            return False
+        return True
+
     def _send(self, payload: dict) -> None:
         try:
             self.write_message(json.dumps(payload))
@@ -185,7 +310,25 @@ class TelemetryWebSocket(WebSocketMixin, websocket.WebSocketHandler, JupyterHand
             pass
 
     def on_close(self) -> None:
+        self.state.feeds.unfollow(self)
         asyncio.ensure_future(self.state.hub.remove(self))
+
+
+def _follow_args(msg: dict) -> tuple[int, dict[str, int]]:
+    """(after, logs) of a follow message, checked: a run id, a seq >= 0, log offsets >= 0."""
+    run_id, after, logs = msg.get("follow"), msg.get("after", 0), msg.get("logs") or {}
+    if not isinstance(run_id, str) or not _RUN_ID_RE.fullmatch(run_id):
+        raise ValueError(f"follow: got run id {str(run_id)[:80]!r}; expected letters, digits, "
+                         "'.', '_' or '-'")
+    if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+        raise ValueError(f"follow: got after={after!r}; expected a sequence number >= 0")
+    if not isinstance(logs, dict) or len(logs) > 256:
+        raise ValueError("follow: logs must be an object {file: byte offset}")
+    for name, offset in logs.items():
+        runview.check_log_name(name)
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise ValueError(f"follow: got offset {offset!r} for {name}; expected bytes >= 0")
+    return after, logs
 
 
 def handlers(base_url: str) -> list[tuple[str, type]]:
@@ -198,7 +341,12 @@ def handlers(base_url: str) -> list[tuple[str, type]]:
         (u("gpu-lab/api/telemetry/ws"), TelemetryWebSocket),
         (u("gpu-lab/api/runs"), RunsHandler),
         (u(f"gpu-lab/api/runs/{_RUN_ID}"), RunHandler),
+        (u(f"gpu-lab/api/runs/{_RUN_ID}/events"), RunEventsHandler),
+        (u(f"gpu-lab/api/runs/{_RUN_ID}/logs/(?P<name>[A-Za-z0-9._-]{{1,64}})"), RunLogHandler),
         (u(f"gpu-lab/api/runs/{_RUN_ID}/stop"), StopRunHandler),
+        (u(f"gpu-lab/api/runs/{_RUN_ID}/checkpoint"), CheckpointHandler),
+        (u(f"gpu-lab/api/runs/{_RUN_ID}/resume"), ResumeHandler),
+        (u("gpu-lab/api/compare"), CompareHandler),
         (u("gpu-lab/metrics"), MetricsHandler),
     ]
 

@@ -135,6 +135,18 @@ class GpuLabCollector(Collector):
                                     "Browsers streaming telemetry from this server")
         clients.add_metric([], self.state.hub.clients)
         yield clients
+        feeds = self.state.feeds
+        reads = CounterMetricFamily("gpu_lab_server_run_feed_reads",
+                                    "Reads of followed runs' records and logs by the live run "
+                                    "feeds: shared (one per run per tick, whoever follows) or "
+                                    "catchup (one follower getting level)", labels=["kind"])
+        for kind, n in sorted(feeds.reads.items()):
+            reads.add_metric([kind], float(n))
+        yield reads
+        followers = GaugeMetricFamily("gpu_lab_server_run_feed_followers",
+                                      "Run views following a run live, over all followed runs")
+        followers.add_metric([], float(feeds.followers))
+        yield followers
 
     def _runs(self) -> Iterator[Any]:
         from gpu_lab.registry import ACTIVE, STATUSES

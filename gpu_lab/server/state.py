@@ -1,4 +1,5 @@
-"""Per-server state shared by every handler: the thread pool, the registry, the telemetry hub."""
+"""Per-server state shared by every handler: the thread pool, the registry, the telemetry hub and
+the live run feeds."""
 from __future__ import annotations
 
 import logging
@@ -7,6 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
+from . import runview
+from .feeds import RunFeeds
 from .hub import TelemetryHub
 from .settings import GpuLabServer
 from .wire import run_to_wire
@@ -14,6 +17,7 @@ from .wire import run_to_wire
 # Where the tutorials index may sit relative to the server's root directory: `make lab` serves
 # notebooks/ itself, a plain `jupyter lab` in a clone serves the repository root.
 TUTORIALS_INDEX = ("00_overview.ipynb", "notebooks/00_overview.ipynb")
+STOP_REASON = "stopped from JupyterLab"
 
 
 def _default_sampler() -> Any:
@@ -36,6 +40,8 @@ class ServerState:
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="gpu-lab-server")
         self.sampler_factory = sampler_factory
         self.hub = TelemetryHub(sampler_factory, self.executor, self.log)
+        self.feeds = RunFeeds(lambda: self.registry, self.executor, self.log,
+                              sampler=sampler_factory)
         self._registry: Any = None
 
     # --- registry -------------------------------------------------------------------------------
@@ -50,35 +56,35 @@ class ServerState:
     def list_runs(self, limit: int = 100) -> list[dict]:
         return [run_to_wire(r) for r in self.registry.list_runs(limit=limit, with_last=True)]
 
-    def get_run(self, run_id: str, max_points: int = 500) -> dict | None:
-        """A run with its rank-0 metric series, each decimated to at most max_points points."""
-        from gpu_lab.stream.history import decimate_minmax
+    def get_run(self, run_id: str, points: int = runview.DEFAULT_POINTS) -> dict | None:
+        """What the run view opens with (runview.detail): row, config, bounded series of every
+        rank and their mean, notes, failure triage, log tails, and where to follow from."""
+        return runview.detail(self.registry, run_id, points)
 
+    def events(self, run_id: str, after: int, limit: int) -> dict | None:
+        return runview.events_since(self.registry, run_id, after, limit)
+
+    def read_log(self, run_id: str, name: str, offset: int) -> dict | None:
         row = self.registry.get_run(run_id)
         if row is None:
             return None
-        out = run_to_wire({**row, **self.registry.last_values(run_id)})
-        out["config"] = row.get("config") or {}
-        series: dict[str, tuple[list, list]] = {}
-        for m in self.registry.metrics(run_id, rank=0):
-            if m["value"] is None:
-                continue
-            xs, ys = series.setdefault(m["name"], ([], []))
-            xs.append(m["step"] if m["step"] is not None else len(xs))
-            ys.append(m["value"])
-        out["metrics"] = {}
-        for name, (xs, ys) in sorted(series.items()):
-            dx, dy = decimate_minmax(xs, ys, max_points)
-            out["metrics"][name] = {"step": dx, "value": dy}
-        return out
+        return runview.read_log(row.get("run_dir"), name, offset)
 
     def stop_run(self, run_id: str) -> dict:
         """Stop a run through the launcher (graceful, then forceful) and return its new row."""
         from gpu_lab.launch import stop_run
 
-        stop_run(run_id, registry=self.registry)
-        row = self.registry.get_run(run_id)
-        return run_to_wire({**row, **self.registry.last_values(run_id)})
+        stop_run(run_id, registry=self.registry, reason=STOP_REASON)
+        return runview.row_to_wire(self.registry, self.registry.get_run(run_id))
+
+    def request_checkpoint(self, run_id: str) -> dict:
+        return runview.request_checkpoint(self.registry, run_id)
+
+    def resume(self, run_id: str) -> dict:
+        return runview.resume(self.registry, run_id)
+
+    def compare(self, run_ids: list[str], points: int) -> dict:
+        return runview.compare(self.registry, run_ids, points)
 
     # --- info -----------------------------------------------------------------------------------
     def info(self) -> dict:
@@ -98,5 +104,6 @@ class ServerState:
         return self.hub.snapshot(n)
 
     def close(self) -> None:
+        self.feeds.close()
         self.hub.close()
         self.executor.shutdown(wait=False, cancel_futures=True)

@@ -12,7 +12,8 @@ from typing import Any
 
 # Registry columns the browser needs; config (possibly large) only goes out for one run at a time.
 RUN_FIELDS = ("id", "name", "status", "num_processes", "num_nodes", "host", "started", "ended",
-              "notebook", "output_dir", "error", "kind", "last_step", "last_loss")
+              "notebook", "output_dir", "run_dir", "error", "reason", "resumed_from", "detach",
+              "kind", "last_step", "last_loss")
 
 
 def json_safe(value: Any) -> Any:

@@ -1,6 +1,6 @@
 /**
- * Tiny SVG charts: a sparkline for live telemetry and a line chart for a run's metrics.
- * No chart library: a polyline redrawn at most once per sample costs the browser next to nothing.
+ * The side panel's sparklines: a polyline redrawn at most once per telemetry sample, which costs
+ * the browser next to nothing (the run view's charts are uPlot's: charts.ts).
  */
 const SVG_NS = 'http://www.w3.org/2000/svg';
 
@@ -96,54 +96,4 @@ export class Sparkline {
   private _height: number;
   private _max: number;
   private _line: SVGPolylineElement;
-}
-
-/** A line chart of one metric against the step, with its min/max and last value as text. */
-export class LineChart {
-  constructor(title: string, options: { width?: number; height?: number } = {}) {
-    this._width = options.width ?? 480;
-    this._height = options.height ?? 160;
-    this.node = document.createElement('div');
-    this.node.className = 'jp-GpuLab-lineChart';
-    const header = document.createElement('div');
-    header.className = 'jp-GpuLab-lineChart-title';
-    header.textContent = title;
-    this._label = document.createElement('span');
-    this._label.className = 'jp-GpuLab-lineChart-label';
-    header.appendChild(this._label);
-    this._svg = svgEl('svg', {
-      width: this._width,
-      height: this._height,
-      viewBox: `0 0 ${this._width} ${this._height}`
-    });
-    this._line = svgEl('polyline', { fill: 'none', 'stroke-width': 1.5 });
-    this._svg.appendChild(svgEl('rect', {
-      x: 0, y: 0, width: this._width, height: this._height, class: 'jp-GpuLab-lineChart-bg'
-    }));
-    this._svg.appendChild(this._line);
-    this.node.append(header, this._svg);
-  }
-
-  readonly node: HTMLDivElement;
-
-  update(steps: ReadonlyArray<number>, values: ReadonlyArray<number>): void {
-    this._line.setAttribute('points', polylinePoints(steps, values, this._width, this._height));
-    this.node.dataset.points = String(values.length);
-    if (values.length) {
-      const last = values[values.length - 1];
-      const lo = Math.min(...values);
-      const hi = Math.max(...values);
-      this._label.textContent =
-        ` last ${last.toPrecision(4)} at step ${steps[steps.length - 1]}` +
-        ` · min ${lo.toPrecision(4)} · max ${hi.toPrecision(4)}`;
-    } else {
-      this._label.textContent = ' no points yet';
-    }
-  }
-
-  private _width: number;
-  private _height: number;
-  private _svg: SVGSVGElement;
-  private _line: SVGPolylineElement;
-  private _label: HTMLSpanElement;
 }

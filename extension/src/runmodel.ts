@@ -1,0 +1,466 @@
+/**
+ * The model of one run view: what the view draws, kept bounded, and kept live.
+ *
+ * It opens with the server's summary of the run (GET runs/<id>: bounded series of every rank and
+ * their mean, notes, failure triage, log tails) and the server's recent telemetry, then follows the
+ * run over the tab's websocket from where that summary stopped (the server pushes only what is
+ * new). While the websocket is down it polls the REST endpoints instead. No DOM here: the view
+ * (runview.ts) listens to `changed`.
+ */
+import { ISignal, Signal } from '@lumino/signaling';
+
+import { BoundedSeries } from './decimate';
+import {
+  GpuLabModel,
+  IFailure,
+  ILogChunk,
+  IRun,
+  IRunDetail,
+  IRunEvent,
+  IRunFeedMessage,
+  isActive,
+  ISample,
+  ISeriesPoints
+} from './model';
+
+/** Points kept per series in the browser (the server sends at most this many to start with). */
+export const POINTS = 1000;
+/** Characters of each log kept in the view (its tail). */
+export const LOG_KEEP = 200_000;
+const NOTES_KEEP = 200;
+/** Seconds of telemetry before a run's start and after its end that the view keeps. */
+const TELEMETRY_MARGIN = 5;
+const POLL_MS = 2000;
+export const MEAN = 'mean';
+
+export type Change = 'row' | 'series' | 'logs' | 'notes' | 'telemetry' | 'error';
+
+/** One metric: a series per rank ("0", "1", ...) and their mean ("mean"). */
+export type MetricSeries = Map<string, BoundedSeries>;
+
+export interface ILogBuffer {
+  text: string;
+  /** next byte to read */
+  to: number;
+  /** bytes received since the view opened, the tail it opened with included */
+  bytes: number;
+}
+
+/**
+ * The mean over ranks of each metric at each step, emitted in step order: a step goes once every
+ * rank reported it, or once a step `window` steps newer arrived (a rank that dropped a report must
+ * not hold the mean back). The same rule as gpu_lab/server/runview.py's MeanByStep.
+ */
+export class MeanByStep {
+  constructor(
+    ranks: number,
+    private sink: (name: string, step: number, t: number, value: number) => void,
+    private window = 16
+  ) {
+    this.ranks = Math.max(1, ranks);
+  }
+
+  ranks: number;
+
+  /** Continue from the server's open steps: metric -> [step, sum, n, t][]. */
+  seed(open: Record<string, Array<[number, number, number, number]>>): void {
+    for (const [name, steps] of Object.entries(open)) {
+      for (const [step, sum, n, t] of steps) {
+        this._steps(name).set(step, [sum, n, t]);
+        this._newest.set(name, Math.max(this._newest.get(name) ?? step, step));
+      }
+    }
+  }
+
+  add(step: number | null, t: number, data: Record<string, unknown>): void {
+    if (step === null || step === undefined) {
+      return;
+    }
+    for (const [name, v] of Object.entries(data)) {
+      if (typeof v !== 'number' || !Number.isFinite(v)) {
+        continue;
+      }
+      const steps = this._steps(name);
+      const acc = steps.get(step) ?? [0, 0, t];
+      acc[0] += v;
+      acc[1] += 1;
+      acc[2] = Math.max(acc[2], t);
+      steps.set(step, acc);
+      this._newest.set(name, Math.max(this._newest.get(name) ?? step, step));
+      this._emit(name);
+    }
+  }
+
+  /** The run ended: every open step goes with the ranks that reported it. */
+  flush(): void {
+    for (const name of this._open.keys()) {
+      this._emit(name, true);
+    }
+  }
+
+  private _emit(name: string, everything = false): void {
+    const steps = this._steps(name);
+    const newest = this._newest.get(name) ?? 0;
+    while (steps.size) {
+      const first = Math.min(...steps.keys());
+      const [sum, n, t] = steps.get(first)!;
+      if (!everything && n < this.ranks && first >= newest - this.window) {
+        return;
+      }
+      steps.delete(first);
+      this.sink(name, first, t, sum / n);
+    }
+  }
+
+  private _steps(name: string): Map<number, [number, number, number]> {
+    let steps = this._open.get(name);
+    if (!steps) {
+      steps = new Map();
+      this._open.set(name, steps);
+    }
+    return steps;
+  }
+
+  private _open = new Map<string, Map<number, [number, number, number]>>();
+  private _newest = new Map<string, number>();
+}
+
+/** Host and GPU readings over time: "host.cpu_pct", "gpu0.util_gpu", ... -> series (x = time). */
+export type TelemetrySeries = Map<string, BoundedSeries>;
+
+export class RunViewModel {
+  constructor(lab: GpuLabModel, runId: string) {
+    this.lab = lab;
+    this.runId = runId;
+  }
+
+  readonly lab: GpuLabModel;
+  readonly runId: string;
+  row: IRun | null = null;
+  config: Record<string, unknown> = {};
+  failure: IFailure | null = null;
+  /** metric -> series */
+  readonly metrics = new Map<string, MetricSeries>();
+  readonly telemetry: TelemetrySeries = new Map();
+  /** log/error/dropped events, newest last */
+  notes: IRunEvent[] = [];
+  readonly logs = new Map<string, ILogBuffer>();
+  /** the ranks' pids (status events), to find the GPUs they hold memory on */
+  readonly pids = new Set<string>();
+  /** indices of the GPUs the run's ranks hold memory on (empty: not known, e.g. no GPU) */
+  readonly runGpus = new Set<number>();
+  /** the newest event applied */
+  seq = 0;
+  /** messages received over the websocket (the tests read it) */
+  feedMessages = 0;
+  error: string | null = null;
+
+  get changed(): ISignal<this, Change> {
+    return this._changed;
+  }
+
+  /** the newest step any rank reported */
+  get lastStep(): number | null {
+    return this._lastStep;
+  }
+
+  get isActive(): boolean {
+    return !!this.row && isActive(this.row.status);
+  }
+
+  /** Load the run, then follow it live. Throws if the run cannot be loaded. */
+  async open(): Promise<void> {
+    const detail = await this.lab.getRun(this.runId, POINTS);
+    this._applyDetail(detail);
+    try {
+      const tel = await this.lab.telemetryHistory(600);
+      tel.history.forEach(s => this._addSample(s));
+      this._changed.emit('telemetry');
+    } catch (error) {
+      console.warn('gpu_lab: no telemetry history', error);
+    }
+    this.lab.telemetryChanged.connect(this._onSample, this);
+    this.lab.connectionChanged.connect(this._onConnection, this);
+    this._follow = this.lab.follow(
+      this.runId,
+      () => ({ after: this.seq, logs: this._logCursors() }),
+      msg => this._onFeed(msg)
+    );
+    this._onConnection(this.lab, this.lab.connected);
+  }
+
+  dispose(): void {
+    if (this._disposed) {
+      return;
+    }
+    this._disposed = true;
+    this._follow?.dispose();
+    window.clearInterval(this._pollTimer);
+    this.lab.telemetryChanged.disconnect(this._onSample, this);
+    this.lab.connectionChanged.disconnect(this._onConnection, this);
+    Signal.clearData(this);
+  }
+
+  // --- controls -----------------------------------------------------------------------------
+  async stop(): Promise<IRun> {
+    const row = await this.lab.stopRun(this.runId);
+    this._setRow(row);
+    return row;
+  }
+
+  requestCheckpoint(): Promise<{ run: IRun; requested: string }> {
+    return this.lab.requestCheckpoint(this.runId);
+  }
+
+  resume(): Promise<{ run: IRun; resumed: string }> {
+    return this.lab.resumeRun(this.runId);
+  }
+
+  // --- applying what arrives ----------------------------------------------------------------
+  private _applyDetail(d: IRunDetail): void {
+    this._setRow(d, false);
+    this.config = d.config;
+    this.failure = d.failure;
+    this.seq = d.seq;
+    this._mean = new MeanByStep(d.num_processes ?? 1, (name, step, t, v) =>
+      this._series(name, MEAN).append(step, t, v)
+    );
+    for (const [name, byKey] of Object.entries(d.series)) {
+      for (const [key, pts] of Object.entries(byKey)) {
+        const [steps, times, values] = finitePoints(pts);
+        this._series(name, key).reset(steps, times, values);
+      }
+    }
+    this._mean.seed(d.mean_open ?? {});
+    this.notes = d.notes.slice(-NOTES_KEEP);
+    Object.values(d.pids ?? {}).forEach(pid => this.pids.add(String(pid)));
+    for (const chunk of d.logs) {
+      this._addLog(chunk);
+    }
+    for (const c of ['row', 'series', 'notes', 'logs'] as Change[]) {
+      this._changed.emit(c);
+    }
+  }
+
+  private _onFeed(msg: IRunFeedMessage): void {
+    if (this._disposed) {
+      return;
+    }
+    if (msg.type === 'error') {
+      this.error = msg.error ?? 'the server refused to follow this run';
+      this._changed.emit('error');
+      return;
+    }
+    this.feedMessages += 1;
+    if (msg.events?.length) {
+      this._applyEvents(msg.events);
+    }
+    if (msg.logs?.length) {
+      msg.logs.forEach(c => this._addLog(c));
+      this._changed.emit('logs');
+    }
+    if (msg.row) {
+      this._setRow(msg.row);
+    }
+  }
+
+  private _applyEvents(events: IRunEvent[]): void {
+    let series = false;
+    let notes = false;
+    for (const e of events) {
+      if (e.seq <= this.seq) {
+        continue; // already applied (a catch-up overlapping what we had)
+      }
+      this.seq = e.seq;
+      if (e.kind === 'metric') {
+        if (e.step !== null && (this._lastStep === null || e.step > this._lastStep)) {
+          this._lastStep = e.step;
+        }
+        for (const [name, v] of Object.entries(e.data)) {
+          if (typeof v === 'number' && Number.isFinite(v)) {
+            const s = this._series(name, String(e.rank));
+            s.append(e.step ?? s.count, e.t, v);
+          }
+        }
+        this._mean?.add(e.step, e.t, e.data);
+        series = true;
+      } else if (e.kind === 'status' && e.rank >= 0 && typeof e.data.pid === 'number') {
+        this.pids.add(String(e.data.pid));
+      } else if (e.kind === 'log' || e.kind === 'error' || e.kind === 'dropped') {
+        this.notes.push(e);
+        notes = true;
+      }
+    }
+    if (this.notes.length > NOTES_KEEP) {
+      this.notes.splice(0, this.notes.length - NOTES_KEEP);
+    }
+    if (series) {
+      this._changed.emit('series');
+    }
+    if (notes) {
+      this._changed.emit('notes');
+    }
+  }
+
+  private _setRow(row: IRun, emit = true): void {
+    const wasActive = this.isActive;
+    this.row = { ...(this.row ?? {}), ...row };
+    if (emit) {
+      this._changed.emit('row');
+    }
+    if (wasActive && !this.isActive && this._mean) {
+      this._mean.flush();
+      this._changed.emit('series');
+    }
+    if (wasActive && !this.isActive && this.row.status === 'failed' && !this.failure) {
+      // the triage is read from the run folder once the run has failed
+      void this.lab.getRun(this.runId, 4).then(d => {
+        this.failure = d.failure;
+        this._changed.emit('row');
+      });
+    }
+  }
+
+  private _addLog(chunk: ILogChunk): void {
+    let buf = this.logs.get(chunk.file);
+    if (!buf) {
+      buf = { text: '', to: chunk.from, bytes: 0 };
+      this.logs.set(chunk.file, buf);
+    }
+    if (chunk.to <= buf.to && buf.bytes > 0) {
+      return; // already have it
+    }
+    if (chunk.from > buf.to && buf.bytes > 0) {
+      buf.text += `[… ${chunk.from - buf.to} bytes not shown …]\n`;
+    }
+    buf.text += chunk.text;
+    if (buf.text.length > LOG_KEEP) {
+      const cut = buf.text.indexOf('\n', buf.text.length - LOG_KEEP);
+      buf.text = buf.text.slice(cut >= 0 ? cut + 1 : buf.text.length - LOG_KEEP);
+    }
+    buf.to = chunk.to;
+    buf.bytes += chunk.to - chunk.from;
+  }
+
+  private _logCursors(): Record<string, number> {
+    const out: Record<string, number> = {};
+    for (const [file, buf] of this.logs) {
+      out[file] = buf.to;
+    }
+    return out;
+  }
+
+  private _series(name: string, key: string): BoundedSeries {
+    let byKey = this.metrics.get(name);
+    if (!byKey) {
+      byKey = new Map();
+      this.metrics.set(name, byKey);
+    }
+    let s = byKey.get(key);
+    if (!s) {
+      s = new BoundedSeries(2 * POINTS);
+      byKey.set(key, s);
+    }
+    return s;
+  }
+
+  // --- telemetry ----------------------------------------------------------------------------
+  private _onSample(_: GpuLabModel, sample: ISample): void {
+    if (this._addSample(sample)) {
+      this._changed.emit('telemetry');
+    }
+  }
+
+  /** Keep a sample taken during the run (with a margin either side); true if it was kept. */
+  private _addSample(s: ISample): boolean {
+    const t = s.t;
+    const row = this.row;
+    if (!t || !row?.started || t < row.started - TELEMETRY_MARGIN) {
+      return false;
+    }
+    if (row.ended && t > row.ended + TELEMETRY_MARGIN) {
+      return false;
+    }
+    const add = (key: string, v: number | null | undefined) => {
+      if (typeof v !== 'number' || !Number.isFinite(v)) {
+        return;
+      }
+      let series = this.telemetry.get(key);
+      if (!series) {
+        series = new BoundedSeries(2 * POINTS);
+        this.telemetry.set(key, series);
+      }
+      if (series.length && t <= series.times[series.length - 1]) {
+        return; // the REST history and the websocket overlap
+      }
+      series.append(t, t, v);
+    };
+    add('host.cpu_pct', s.host.cpu_pct);
+    add('host.ram_used_gib', s.host.ram_used_mb === null || s.host.ram_used_mb === undefined
+      ? null : s.host.ram_used_mb / 1024);
+    for (const g of s.gpus) {
+      if (Object.keys(g.process_mem_mb ?? {}).some(pid => this.pids.has(pid))) {
+        this.runGpus.add(g.index);
+      }
+      add(`gpu${g.index}.util_gpu`, g.util_gpu);
+      add(`gpu${g.index}.mem_used_gib`, g.mem_used_mb === null || g.mem_used_mb === undefined
+        ? null : g.mem_used_mb / 1024);
+      add(`gpu${g.index}.power_w`, g.power_w);
+    }
+    return true;
+  }
+
+  // --- without the websocket: poll ------------------------------------------------------------
+  private _onConnection(_: GpuLabModel, connected: boolean): void {
+    window.clearInterval(this._pollTimer);
+    if (!connected && !this._disposed) {
+      this._pollTimer = window.setInterval(() => void this._poll(), POLL_MS);
+    }
+  }
+
+  private async _poll(): Promise<void> {
+    if (this._polling) {
+      return;
+    }
+    this._polling = true;
+    try {
+      const page = await this.lab.runEvents(this.runId, this.seq);
+      this._applyEvents(page.events);
+      this._setRow(page.run);
+      for (const [file, buf] of this.logs) {
+        const chunk = await this.lab.readLog(this.runId, file, buf.to);
+        if (chunk.text) {
+          this._addLog(chunk);
+          this._changed.emit('logs');
+        }
+      }
+    } catch (error) {
+      console.warn('gpu_lab: run view poll failed', error);
+    } finally {
+      this._polling = false;
+    }
+  }
+
+  private _changed = new Signal<this, Change>(this);
+  private _lastStep: number | null = null;
+  private _mean: MeanByStep | null = null;
+  private _follow: { dispose: () => void } | null = null;
+  private _pollTimer = 0;
+  private _polling = false;
+  private _disposed = false;
+}
+
+/** The finite points of a server series (NaN and infinities arrive as null). */
+function finitePoints(p: ISeriesPoints): [number[], number[], number[]] {
+  const steps: number[] = [];
+  const times: number[] = [];
+  const values: number[] = [];
+  p.value.forEach((v, i) => {
+    if (v !== null && Number.isFinite(v)) {
+      steps.push(p.step[i]);
+      times.push(p.t[i]);
+      values.push(v);
+    }
+  });
+  return [steps, times, values];
+}
