@@ -84,7 +84,8 @@ def launch(fn: Callable, *args: Any, num_processes: int | None = None,
     spec.run_dir, spec.registry_path = str(run_dir), str(registry.path)
     output_dir = None
     if config is not None:  # the run's own folder; the ranks get it as cfg.output_dir
-        output_dir = str(Path(config.output_dir).expanduser() / spec.run_id)
+        # absolute: the registry row is read from other working directories (the server, attach)
+        output_dir = str(Path(config.output_dir).expanduser().resolve() / spec.run_id)
         ranks_config = config.replace(output_dir=output_dir,
                                       resume_from=source["path"] if source else None)
         spec.args = tuple(ranks_config if a is config else a for a in args)
