@@ -34,7 +34,7 @@ _API = {
 }
 
 _SUBMODULES = ("config", "registry", "stream", "telemetry", "train", "data", "diagnostics",
-               "export", "widgets", "models", "tutorial")
+               "export", "widgets", "models", "tutorial", "cases")
 
 __all__ = sorted(_API) + ["__version__"]
 
