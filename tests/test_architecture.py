@@ -140,3 +140,33 @@ def test_the_package_never_imports_the_benchmarks():
                 bad.append(f"{f.relative_to(PKG.parent)} imports {name}")
     assert not bad, "\n".join(bad)
 
+
+# What a dependency does without being imported by name.
+USED_WITHOUT_IMPORT = {
+    "jupyterlab": "the application that serves the tutorials and loads the lab extension",
+    "tensorboard": "accelerate's tracker behind TrainConfig.tensorboard (log_with='tensorboard')",
+}
+
+
+def test_every_declared_dependency_is_imported():
+    """A dependency that nothing imports costs every install for nothing. The import names come
+    from the installed distributions; notebooks count (the tutorials are the product too)."""
+    import importlib.metadata
+    import re
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    project = tomllib.loads((PKG.parent / "pyproject.toml").read_text())["project"]
+    declared = {canonicalize_name(Requirement(r).name) for r in project["dependencies"]}
+    provides: dict[str, set[str]] = {}
+    for top, dists in importlib.metadata.packages_distributions().items():
+        for dist in dists:
+            provides.setdefault(canonicalize_name(dist), set()).add(top)
+    imported = {name.split(".")[0] for f in PKG.rglob("*.py") for name in _imports(f)}
+    for nb in (PKG.parent / "notebooks").glob("*.ipynb"):
+        imported.update(re.findall(r'"\s*(?:from|import) ([A-Za-z_]\w*)', nb.read_text()))
+    unused = sorted(d for d in declared - set(USED_WITHOUT_IMPORT)
+                    if not provides.get(d, set()) & imported)
+    assert not unused, f"declared in pyproject.toml, imported nowhere: {unused}"
