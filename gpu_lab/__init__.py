@@ -33,7 +33,7 @@ _API = {
 }
 
 _SUBMODULES = ("config", "registry", "stream", "telemetry", "train", "data", "diagnostics",
-               "export", "widgets", "models", "tutorial")
+               "export", "widgets", "models", "tutorial", "cases")
 
 __getattr__, __dir__, __all__ = lazy_api(__name__, _API, submodules=_SUBMODULES,
                                           modules=("launch",))  # a callable package

@@ -62,6 +62,12 @@ def _add_bench_loader(bench_subparsers) -> None:
         description="img/s of gpu_lab's shard loader vs the per-file ImageFolder + PIL pipeline at "
                     "equal workers and transforms, the pipeline limit, warm vs cold page cache, the "
                     "data-wait fraction of a training step, and the zstd ratio.")
+    add_bench_loader_arguments(p)
+    p.set_defaults(func=_run_bench_loader)
+
+
+def add_bench_loader_arguments(p: argparse.ArgumentParser) -> None:
+    """The loader benchmark's flags (bench/loader.py adds its method's to them)."""
     p.add_argument("--data", help="ImageFolder to use (default: synthetic JPEGs made once in --work-dir)")
     p.add_argument("--n", type=int, default=10_000, help="synthetic images (default 10000)")
     p.add_argument("--image-size", type=int, default=160, help="synthetic image side, px (default 160)")
@@ -76,15 +82,15 @@ def _add_bench_loader(bench_subparsers) -> None:
     p.add_argument("--steps", type=int, default=30, help="training steps for the data-wait fraction")
     p.add_argument("--repeats", type=int, default=1,
                    help="rounds of every measurement, best kept (default 1; more on a busy machine)")
-    p.add_argument("--pairs", type=int, default=3,
-                   help="loader passes in a chain limit, loader, limit, ..., limit, each against "
-                        "the limit passes either side; the loader / limit ratio is their median "
-                        "(default 3)")
-    p.add_argument("--same-core", type=int, default=2, metavar="PASSES",
-                   help="loader passes with each worker sharing a core with a limit process: the "
-                        "loader / limit ratio without the host's speed drift (default 2; 0 skips)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.set_defaults(func=_run_bench_loader)
+
+
+def bench_loader_kwargs(args: argparse.Namespace) -> dict:
+    """`gpu_lab.data.benchmark`'s arguments from the flags of `add_bench_loader_arguments`."""
+    return dict(data_dir=args.data, n=args.n, image_size=args.image_size, crop_size=args.crop_size,
+                num_workers=args.workers, batch_size=args.batch_size, augment=args.augment,
+                work_dir=args.work_dir, cold=not args.no_cold, data_wait_steps=args.steps,
+                repeats=args.repeats, progress=not args.json)
 
 
 def _run_bench_loader(args: argparse.Namespace) -> int:
@@ -92,11 +98,7 @@ def _run_bench_loader(args: argparse.Namespace) -> int:
 
     from .data.bench import benchmark
 
-    report = benchmark(args.data, n=args.n, image_size=args.image_size, crop_size=args.crop_size,
-                       num_workers=args.workers, batch_size=args.batch_size, augment=args.augment,
-                       work_dir=args.work_dir, cold=not args.no_cold, data_wait_steps=args.steps,
-                       repeats=args.repeats, limit_pairs=args.pairs,
-                       same_core_passes=args.same_core, progress=not args.json)
+    report = benchmark(**bench_loader_kwargs(args))
     print(json.dumps(report.to_dict(), indent=1) if args.json else report.table())
     return 0
 

@@ -11,6 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(1, str(ROOT))  # `bench.lib`, the benchmarks' method, for their tests
 
 
 @pytest.fixture

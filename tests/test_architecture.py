@@ -63,3 +63,110 @@ def test_headless_modules_load_without_view_libraries():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+# ------------------------------------------- the package holds the product, bench/ the instruments
+
+# Where users enter the package: the public API (gpu_lab/__init__.py's _API and _SUBMODULES), the
+# command line, the server extension that JupyterLab loads, and the entry of headless runs.
+ENTRY_POINTS = ("gpu_lab", "gpu_lab.cli", "gpu_lab.server", "gpu_lab.run_entry")
+# The named test doubles for machines without a GPU (DESIGN.md), which tests, the GPU check and
+# tutorial 06 import by name; each one says so in its first line.
+TEST_DOUBLES = ("gpu_lab.launch.testing", "gpu_lab.telemetry.doubles")
+
+
+def _package_modules() -> dict[str, Path]:
+    out = {}
+    for f in PKG.rglob("*.py"):
+        parts = f.relative_to(PKG.parent).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
+    return out
+
+
+def _lazy_imports(path: Path, module: str) -> set[str]:
+    """Modules a file names as strings, for import_module: the lazy `_API` tables' values (any
+    string constant that names a module counts: "gpu_lab.x.y", or ".y" relative to the file's own
+    module, as `import_module(".y", __name__)` reads it) and the bare submodule names of a
+    package's `_SUBMODULES`."""
+    tree = ast.parse(path.read_text(), str(path))
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            names.add(module + node.value if node.value.startswith(".") else node.value)
+        if (isinstance(node, ast.Assign) and isinstance(node.value, (ast.Tuple, ast.List))
+                and any(isinstance(t, ast.Name) and t.id == "_SUBMODULES" for t in node.targets)):
+            names.update(f"{module}.{e.value}" for e in node.value.elts if isinstance(e, ast.Constant))
+    return names
+
+
+def _reachable(modules: dict[str, Path]) -> set[str]:
+    """The modules an import from ENTRY_POINTS (or of a test double) can load: every import in a
+    file counts, at its top or inside a function (the package imports lazily), and a module loads
+    its parents."""
+    seen, todo = set(), [*ENTRY_POINTS, *TEST_DOUBLES]
+    while todo:
+        mod = todo.pop()
+        if mod in seen or mod not in modules:
+            continue
+        seen.add(mod)
+        names = _imports(modules[mod]) | _lazy_imports(modules[mod], mod)
+        names.add(mod.rpartition(".")[0])
+        todo += [n for n in names if n in modules]
+    return seen
+
+
+def test_every_module_is_reachable_from_where_users_enter():
+    """A module that no entry point reaches serves something else (a benchmark, a test): it
+    belongs in bench/ or tests/, not in what every user installs."""
+    modules = _package_modules()
+    assert set(ENTRY_POINTS) | set(TEST_DOUBLES) <= set(modules)
+    for double in TEST_DOUBLES:
+        assert modules[double].read_text().startswith('"""Test doubles'), double
+    orphans = sorted(set(modules) - _reachable(modules))
+    assert not orphans, (f"not reachable from {', '.join(ENTRY_POINTS)}: {', '.join(orphans)}; "
+                         f"move what only benchmarks use to bench/lib")
+
+
+def test_the_package_never_imports_the_benchmarks():
+    bad = []
+    for f in PKG.rglob("*.py"):
+        tree = ast.parse(f.read_text(), str(f))
+        named = {n.args[0].value for n in ast.walk(tree)
+                 if isinstance(n, ast.Call) and n.args and isinstance(n.args[0], ast.Constant)
+                 and getattr(n.func, "id", getattr(n.func, "attr", None)) in ("import_module",
+                                                                             "__import__")}
+        for name in _imports(f) | {n for n in named if isinstance(n, str)}:
+            if name == "bench" or name.startswith("bench."):
+                bad.append(f"{f.relative_to(PKG.parent)} imports {name}")
+    assert not bad, "\n".join(bad)
+
+
+# What a dependency does without being imported by name.
+USED_WITHOUT_IMPORT = {
+    "jupyterlab": "the application that serves the tutorials and loads the lab extension",
+    "tensorboard": "accelerate's tracker behind TrainConfig.tensorboard (log_with='tensorboard')",
+}
+
+
+def test_every_declared_dependency_is_imported():
+    """A dependency that nothing imports costs every install for nothing. The import names come
+    from the installed distributions; notebooks count (the tutorials are the product too)."""
+    import importlib.metadata
+    import re
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    project = tomllib.loads((PKG.parent / "pyproject.toml").read_text())["project"]
+    declared = {canonicalize_name(Requirement(r).name) for r in project["dependencies"]}
+    provides: dict[str, set[str]] = {}
+    for top, dists in importlib.metadata.packages_distributions().items():
+        for dist in dists:
+            provides.setdefault(canonicalize_name(dist), set()).add(top)
+    imported = {name.split(".")[0] for f in PKG.rglob("*.py") for name in _imports(f)}
+    for nb in (PKG.parent / "notebooks").glob("*.ipynb"):
+        imported.update(re.findall(r'"\s*(?:from|import) ([A-Za-z_]\w*)', nb.read_text()))
+    unused = sorted(d for d in declared - set(USED_WITHOUT_IMPORT)
+                    if not provides.get(d, set()) & imported)
+    assert not unused, f"declared in pyproject.toml, imported nowhere: {unused}"

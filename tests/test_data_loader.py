@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import gpu_lab
-from gpu_lab.data import (ShardError, ShardManifest, create_dataloader, make_synthetic_images,
-                          normalize_batch, run_seed_snippet, shard_loader, write_shards)
+from gpu_lab.data import (ShardError, ShardManifest, make_synthetic_images, normalize_batch,
+                          shard_loader, write_shards)
 
 import data_fns
 
@@ -398,11 +398,3 @@ def test_third_party_shard_decodes_all_90_samples(sample_shard):
     assert len(set(keys)) == 90 and all(0 <= c <= 9 for c in labels) and len(set(labels)) > 5
     with pytest.raises(TypeError, match="length unknown"):
         len(loader)
-
-
-def test_seed_snippet_fails_and_the_corrected_one_works(sample_shard):
-    err = run_seed_snippet(str(sample_shard))
-    assert isinstance(err, NameError) and "DataLoader" in str(err)
-    x, y = next(iter(create_dataloader(str(sample_shard), batch_size=10, num_workers=1,
-                                       image_size=24)))
-    assert x.shape == (10, 3, 24, 24) and x.dtype == torch.float32 and y.shape == (10,)

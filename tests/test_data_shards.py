@@ -80,8 +80,6 @@ def test_zstd_shards_report_the_measured_ratio(images, tmp_path):
     assert [s.name for s in m.shards] == ["shard-000000.tar.zst", "shard-000001.tar.zst"]
     assert m.zstd_ratio == pytest.approx(m.raw_bytes / m.bytes)
     print("\n" + rep.summary())
-    # JPEG payloads are already entropy-coded: nowhere near seed 000's 3:1
-    assert 0.9 < m.image_zstd_ratio < 1.5
     samples = _tar_samples(tmp_path / "z" / m.shards[0].name)
     assert len(samples) == 30 and all(s["jpg"][:2] == b"\xff\xd8" for s in samples.values())
 

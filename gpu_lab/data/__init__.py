@@ -5,7 +5,6 @@ benchmark that shows whether the loader or the model is the bottleneck.
     SyntheticImages(n, image_size, num_classes, seed)                 the same images, in memory
     write_shards(source, out_dir, maxcount=, maxsize=, compress=)      tar shards + manifest.json
     shard_loader(urls, batch_size, train=, image_size=, augment=, num_workers=, resampled=, ...)
-    create_dataloader(url, batch_size)                                 Article A, corrected
     benchmark(...)                                                     gpu_lab loader vs per-file PIL
 
 Never imports widgets; names are imported on first use (torch is not loaded by `import gpu_lab.data`).
@@ -32,9 +31,6 @@ _API = {
     "LoaderStats": "gpu_lab.data.loader",
     "build_transform": "gpu_lab.data.transforms",
     "normalize_batch": "gpu_lab.data.transforms",
-    "create_dataloader": "gpu_lab.data.seed_snippet",
-    "SEED_SNIPPET": "gpu_lab.data.seed_snippet",
-    "run_seed_snippet": "gpu_lab.data.seed_snippet",
     "benchmark": "gpu_lab.data.bench",
     "BenchReport": "gpu_lab.data.bench",
 }

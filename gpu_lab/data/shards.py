@@ -10,11 +10,10 @@ a shard is read sequentially in large blocks, and whole shards are what ranks an
 manifest records per shard the sample count, the size in bytes and the sha256, and for the whole
 set the class names and, for zstd, the compression ratio as measured.
 
-About Article A's "Zstandard, 3:1": JPEG and PNG are already entropy-coded, so zstd cannot shrink
-them; measured on JPEGs the payload ratio is ~1.00. A shard of small JPEGs still shrinks a little
-because tar's 512-byte headers and padding compress to almost nothing: the manifest reports both
-numbers (`zstd_ratio` for the files, `image_zstd_ratio` for the image bytes alone), so nobody
-mistakes the tar padding for compressed images. 3:1 is what text, JSON or raw tensors may get.
+About "Zstandard, 3:1": JPEG and PNG are already entropy-coded, so zstd cannot shrink them. A shard
+of small JPEGs still shrinks a little because tar's 512-byte headers and padding compress to almost
+nothing: that is most of what `zstd_ratio` (the files' ratio) measures. 3:1 is what text, JSON or
+raw tensors may get.
 """
 from __future__ import annotations
 
@@ -28,6 +27,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any, Iterable, Iterator, Mapping
+
+from ..units import fmt_bytes
 
 MANIFEST_NAME = "manifest.json"
 FORMAT = "gpu_lab.shards/1"
@@ -59,7 +60,6 @@ class ShardManifest:
     compression: str | None
     shards: list[ShardInfo] = field(default_factory=list)
     image_bytes: int = 0  # sum of the encoded image payloads
-    image_zstd_bytes: int | None = None  # the same payloads, each zstd-compressed (zstd only)
     format: str = FORMAT
 
     @property
@@ -77,20 +77,13 @@ class ShardManifest:
             return None
         return self.raw_bytes / self.bytes
 
-    @property
-    def image_zstd_ratio(self) -> float | None:
-        """Image payload bytes / the same payloads zstd-compressed, measured (None unless zstd)."""
-        if not self.image_zstd_bytes:
-            return None
-        return self.image_bytes / self.image_zstd_bytes
-
     def counts(self) -> dict[str, int]:
         return {s.name: s.count for s in self.shards}
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["bytes"], d["raw_bytes"] = self.bytes, self.raw_bytes
-        d["zstd_ratio"], d["image_zstd_ratio"] = self.zstd_ratio, self.image_zstd_ratio
+        d["zstd_ratio"] = self.zstd_ratio
         return d
 
     def to_json(self) -> str:
@@ -102,7 +95,7 @@ class ShardManifest:
             raise ValueError(f"manifest format={d.get('format')!r}: expected {FORMAT!r}")
         return cls(num_samples=d["num_samples"], classes=list(d["classes"]),
                    compression=d["compression"], shards=[ShardInfo(**s) for s in d["shards"]],
-                   image_bytes=d.get("image_bytes", 0), image_zstd_bytes=d.get("image_zstd_bytes"))
+                   image_bytes=d.get("image_bytes", 0))
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "ShardManifest":
@@ -137,10 +130,9 @@ class WriteReport:
     def summary(self) -> str:
         m = self.manifest
         lines = [f"{m.num_samples} samples, {len(m.classes)} classes -> {len(m.shards)} shards in "
-                 f"{self.out_dir} ({m.bytes / 2**20:.1f} MiB), {self.images_per_minute:,.0f} images/min"]
+                 f"{self.out_dir} ({fmt_bytes(m.bytes, 1)}), {self.images_per_minute:,.0f} images/min"]
         if m.compression == "zstd":
-            lines.append(f"zstd: shard files {m.zstd_ratio:.3f}:1 (tar headers and padding included), "
-                         f"image payloads {m.image_zstd_ratio:.3f}:1 (Article A claims 3:1)")
+            lines.append(f"zstd: shard files {m.zstd_ratio:.3f}:1 (tar headers and padding included)")
         return "\n".join(lines)
 
     def __repr__(self) -> str:
@@ -342,18 +334,13 @@ def write_shards(source: str | os.PathLike | Iterable, out_dir: str | os.PathLik
         samples = _iterable_samples(source, include_json)
         total = len(source) if hasattr(source, "__len__") else None
 
-    compressor = None
-    if compress == "zstd":
-        import zstandard
-
-        compressor = zstandard.ZstdCompressor(level=zstd_level)
     ext = ".tar.zst" if compress == "zstd" else ".tar"
     from tqdm import tqdm  # plain tqdm: data code never imports ipywidgets (tqdm.auto would)
 
     t0 = time.perf_counter()
     shards: list[ShardInfo] = []
     labels_seen: set[int] = set()
-    image_bytes, image_zbytes, n = 0, 0, 0
+    image_bytes, n = 0, 0
     current: _ShardFile | None = None
     with tqdm(total=total, desc="write_shards", unit="img", disable=not progress) as bar:
         for s in samples:
@@ -373,8 +360,6 @@ def write_shards(source: str | os.PathLike | Iterable, out_dir: str | os.PathLik
             n += 1
             labels_seen.add(s.label)
             image_bytes += len(s.data)
-            if compressor is not None:
-                image_zbytes += len(compressor.compress(s.data))
             bar.update()
     if current is not None:
         shards.append(current.close())
@@ -383,8 +368,7 @@ def write_shards(source: str | os.PathLike | Iterable, out_dir: str | os.PathLik
     if classes is None:
         classes = [str(i) for i in range(max(labels_seen) + 1)]
     manifest = ShardManifest(num_samples=n, classes=list(classes), compression=compress,
-                             shards=shards, image_bytes=image_bytes,
-                             image_zstd_bytes=image_zbytes if compressor is not None else None)
+                             shards=shards, image_bytes=image_bytes)
     tmp = out / (MANIFEST_NAME + ".tmp")
     tmp.write_text(manifest.to_json())
     os.replace(tmp, out / MANIFEST_NAME)  # written last: a manifest means the set is complete

@@ -38,7 +38,6 @@ _API = {
     "DiskMonitor": "gpu_lab.diagnostics.iobench",
     "find_bottleneck": "gpu_lab.diagnostics.bottleneck",
     "Breakdown": "gpu_lab.diagnostics.bottleneck",
-    "SEED_CASE": "gpu_lab.diagnostics.bottleneck",
     "breakdown_from_trace": "gpu_lab.diagnostics.bottleneck",
     "StepTimer": "gpu_lab.diagnostics.timing",
     "memory_cap": "gpu_lab.diagnostics.memcap",

@@ -1,10 +1,8 @@
 """Bottleneck finder: split a run's step time into data wait, compute and communication, name the
-bound, say what to do, and replay seed 000 §4.2's 120 → 580 img/s case on the user's own run.
+bound, say what to do, and project what a set of fixes (each a share of one part's time removed)
+would give on the user's own run (`Breakdown.waterfall`).
 
-Seed 000 §4.2: an image-classification job ran at 120 img/s; data loading took 45% of the time.
-WebDataset cut I/O time by 70%, mixed precision compute time by 35%, NCCL tuning communication time
-by 20%, and the job reached 580 img/s. The finder measures the same split on your run, from what the
-workers report (seconds per optimizer step):
+The finder measures the split from what the workers report (seconds per optimizer step):
 
     step_time       wall time of one optimizer step        (gpu_lab.train.fit, StepTimer)
     data_wait       time spent waiting for the next batch  (gpu_lab.train.fit, StepTimer)
@@ -41,15 +39,6 @@ class Fix:
     label: str
     part: str         # data | compute | communication
     reduction: float  # fraction of that part's time removed
-
-
-#: seed 000 §4.2, in the article's order and with its numbers
-SEED_CASE: tuple[Fix, ...] = (
-    Fix("WebDataset shards (seed: −70% I/O time)", "data", 0.70),
-    Fix("mixed precision (seed: −35% compute time)", "compute", 0.35),
-    Fix("NCCL tuning (seed: −20% communication time)", "communication", 0.20),
-)
-SEED_BEFORE, SEED_AFTER, SEED_DATA_SHARE = 120.0, 580.0, 0.45
 
 
 @dataclass
@@ -130,9 +119,9 @@ class Breakdown:
             return None
         return self.samples_per_step / rest
 
-    def waterfall(self, fixes: Iterable[Fix] = SEED_CASE) -> list[WaterfallStep]:
-        """Apply fixes (default: seed 000 §4.2's, with its percentages) to this run's own split:
-        the start, then one bar per fix, with the samples/s it would reach."""
+    def waterfall(self, fixes: Iterable[Fix]) -> list[WaterfallStep]:
+        """Apply `fixes`, in order, to this run's own split: the start, then one bar per fix, with
+        the samples/s it would reach."""
         parts = {"data": self.data, "compute": self.compute, "communication": self.communication}
         n = self.samples_per_step or 1.0
         t = sum(parts.values())
@@ -268,17 +257,6 @@ def compare(before: Breakdown, after: Breakdown, label: str = "after") -> list[W
     return out
 
 
-def seed_case_projection(fixes: Iterable[Fix] = SEED_CASE) -> dict:
-    """Seed 000 §4.2 checked against itself: its three reductions applied to its own 120 img/s
-    job with 45% data time. The rest of the step is split between compute and communication in
-    the way most favourable to the article (all compute, the larger reduction)."""
-    bd = make_breakdown(1 / SEED_BEFORE, SEED_DATA_SHARE / SEED_BEFORE, samples_per_s=SEED_BEFORE)
-    wf = bd.waterfall(fixes)
-    return {"claimed_samples_per_s": SEED_AFTER, "projected_samples_per_s": wf[-1].samples_per_s,
-            "claimed_speedup": SEED_AFTER / SEED_BEFORE,
-            "projected_speedup": wf[-1].samples_per_s / SEED_BEFORE, "waterfall": wf}
-
-
 # -------------------------------------------------------------------------- profiler trace
 
 _COMM_WORDS = ("allreduce", "all_reduce", "allgather", "all_gather", "broadcast", "reduce_scatter",
@@ -339,5 +317,5 @@ def breakdown_from_trace(path: str | Path) -> Breakdown:
 
 
 __all__ = ["find_bottleneck", "Breakdown", "make_breakdown", "classify", "compare", "Fix",
-           "SEED_CASE", "WaterfallStep", "seed_case_projection", "breakdown_from_trace",
+           "WaterfallStep", "breakdown_from_trace",
            "RECOMMENDATIONS", "DATA_BOUND", "COMM_BOUND"]

@@ -1,4 +1,4 @@
-"""The same-core measurement (gpu_lab.data.samecore): each loader worker shares a core with a
+"""The same-core measurement (bench.lib.samecore): each loader worker shares a core with a
 limit process, both are followed through /proc, and nothing is left behind. Tiny sizes: this checks
 the mechanics; bench/loader.py measures."""
 from __future__ import annotations
@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from gpu_lab.data import samecore
-from gpu_lab.data.bench import throughput
+from bench.lib import samecore
+from bench.lib.loader_method import timed_pass
 from gpu_lab.data.loader import shard_loader
 from gpu_lab.data.shards import image_folder_files, write_shards
 from gpu_lab.data.synthetic import make_synthetic_images
@@ -73,11 +73,13 @@ def test_unavailable_where_a_worker_cannot_have_a_core_of_its_own(monkeypatch, d
 
 
 def test_worker_clock_gives_the_share_of_time_the_workers_decode(data):
-    """Read at every batch by `throughput`: the workers' decoding threads' time on a CPU over the
+    """Read at every batch by `timed_pass`: the workers' decoding threads' time on a CPU over the
     steady state, a share of the wall time (of each worker's)."""
-    p = throughput(_loader(data[0], 2), samecore.WorkerClock())
-    assert p.busy is not None and 0.0 < p.busy <= 1.01
-    assert throughput(_loader(data[0])).busy is None  # no clock, no share
+    p, busy = timed_pass(_loader(data[0], 2), samecore.WorkerClock())
+    assert busy is not None and 0.0 < busy <= 1.01 and p.images == 96
+    no_workers = shard_loader(data[0], 8, image_size=16, num_workers=0, rank=0, world_size=1,
+                              pin_memory=False, output="uint8")
+    assert timed_pass(no_workers, samecore.WorkerClock())[1] is None  # no workers, no share
 
 
 def test_task_cpu_ns_counts_threads_and_says_when_a_process_is_gone():

@@ -8,8 +8,8 @@ benchmark's back-to-back (limit, loader, limit) pairs range 0.76-1.09 for the sa
 development VM, so a median of 15 pairs still moves by about +-0.04 from run to run.
 
 Here each of the loader's worker processes shares one core with a process that runs the pipeline
-limit (decode + transforms + batching, on encoded bytes already in memory, as `bench.pipeline_limit`
-does). The kernel time-slices the two every few milliseconds, so both run on the same machine at
+limit (decode + transforms + batching, on encoded bytes already in memory, as
+`gpu_lab.data.benchpasses.pipeline_limit` does). The kernel time-slices the two every few milliseconds, so both run on the same machine at
 the same moments. Over whole passes of the loader, each one's images per CPU-second (all its
 threads' time on a CPU, from /proc/<pid>/task/*/schedstat, in ns) give the ratio: what a worker
 spends per image against what decode + transforms cost on their own. `calibrate` puts the
@@ -52,7 +52,8 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from .transforms import build_transform, decode
+from gpu_lab.data.benchpasses import limit_batches
+from gpu_lab.data.transforms import build_transform, decode
 
 
 def task_cpu_ns(pid: int, tid: int | None = None) -> int | None:
@@ -150,14 +151,6 @@ def _limit_loop(encoded: list[bytes], crop_size: int, augment: str, batch_size: 
             if tick is not None and counter.value % tick_images == 0:
                 tick.send(counter.value)
         torch.stack(images)
-
-
-def limit_batches(encoded: list[bytes], transform: Callable,
-                  batch_size: int) -> Iterator[torch.Tensor]:
-    """The pipeline limit's work: decode + `transform` on each of `encoded`, stacked `batch_size` at
-    a time (uint8 batches, as the loader's workers make them)."""
-    for i in range(0, len(encoded), batch_size):
-        yield torch.stack([transform(decode(d)) for d in encoded[i:i + batch_size]])
 
 
 class LimitInWorkers(IterableDataset):
