@@ -52,31 +52,30 @@ class WaterfallStep:
 RECOMMENDATIONS = {
     "data": [
         "more DataLoader workers (num_workers), with persistent_workers=True and prefetch_factor≥2, "
-        "so the next batches are decoded while the model computes (seed 000 §4.1: more loader "
-        "threads, prefetch)",
-        "WebDataset shards instead of one file per image (`gpu-lab shards`; seed 000 §4.2: −70% "
-        "I/O time): large sequential reads instead of a small random read per image",
+        "so the next batches are decoded while the model computes",
+        "WebDataset shards instead of one file per image (`gpu-lab shards`): large sequential "
+        "reads instead of a small random read per image",
         "check the disk: `gpu-lab bench io DIR` (and `iostat -x 1` while training): a disk at "
         "100% util or a network file system sets the pace; copy hot data to local NVMe",
         "pin_memory=True and non_blocking copies, so the host-to-GPU copy overlaps compute",
-        "decode less: store images at the training size, or move augmentation to the GPU (DALI, "
-        "seed 003 §2.1)",
+        "decode less: store images at the training size, or decode on the GPU "
+        "(TrainConfig.decode='gpu', or DALI)",
     ],
     "compute": [
-        "mixed_precision='bf16' (seed 000 §2.2: ×1.8 speed; §4.2: −35% compute time)",
+        "mixed_precision='bf16': tensor cores at twice fp32's rate, half the activation bytes",
         "channels_last=True for convolutional nets on tensor cores",
         "compile=True (torch.compile: fused kernels, fewer launches)",
-        "a bigger batch per GPU while utilisation is below 70% (seed 003 §3.2), with the learning "
-        "rate scaled to the batch",
+        "a bigger batch per GPU while utilisation is below 70%, with the learning rate scaled to "
+        "the batch",
         "leave TF32 on (do not set NVIDIA_TF32_OVERRIDE=0) and never CUDA_LAUNCH_BLOCKING=1",
     ],
     "communication": [
         "grad_accum_steps=N: one all-reduce per N micro-batches instead of one per batch",
         "a bigger batch per GPU: the same gradient bytes per step, more compute to hide them under",
-        "powersgd=True: low-rank gradient compression (seed 000 §2.2: −70% traffic)",
+        "powersgd=True: low-rank gradient compression, a fraction of the gradient traffic",
         "measure the links: `gpu-lab bench allreduce`, and compare busbw with the hardware "
         "(NVLink ≫ PCIe ≫ TCP); check the topology in `gpu-lab doctor`",
-        "NCCL_DEBUG=INFO shows which transport NCCL chose (seed 000 §4.1)",
+        "NCCL_DEBUG=INFO shows which transport NCCL chose",
     ],
 }
 
