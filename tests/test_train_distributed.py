@@ -52,9 +52,9 @@ def _run(cmd: list, timeout: float = 240) -> subprocess.CompletedProcess:
     return out
 
 
-def _torchrun(mode: str, out: Path) -> None:
-    _run([str(TORCHRUN), "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-          "--master_port", str(_free_port()), str(SCRIPT), mode, str(out)])
+def _torchrun(mode: str, out: Path) -> subprocess.CompletedProcess:
+    return _run([str(TORCHRUN), "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+                 "--master_port", str(_free_port()), str(SCRIPT), mode, str(out)])
 
 
 def _params(path: Path) -> dict:
@@ -102,7 +102,8 @@ def test_sigterm_preemption_exits_143_and_resume_is_exact(tmp_path):
     """A 2-rank run gets SIGTERM on both ranks at step 6: both save one checkpoint and exit 143.
     Resumed under torchrun it ends where an uninterrupted torchrun run ends, bit for bit."""
     straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
-    _torchrun("resume", straight)  # resume=True, but there is nothing to resume: 12 steps
+    first = _torchrun("resume", straight)  # resume=True, but there is nothing to resume: 12 steps
+    assert "resuming from" not in first.stdout
 
     port = _free_port()
     procs = []
@@ -133,7 +134,10 @@ def test_sigterm_preemption_exits_143_and_resume_is_exact(tmp_path):
     state = json.loads((interrupted / "checkpoints" / saved[0] / "trainer_state.json").read_text())
     assert (state["reason"], state["epoch"], state["batch_in_epoch"]) == ("preempt", 1, 4)
 
-    _torchrun("resume", interrupted)
+    resumed = _torchrun("resume", interrupted)
+    # a headless run says so in its terminal, once (rank 0)
+    assert resumed.stdout.count(f"resuming from step 6 ({interrupted / 'checkpoints'}") == 1, \
+        resumed.stdout[-3000:]
     summary = json.loads((interrupted / "summary_rank0.json").read_text())
     assert summary["resumed_from"].endswith("step_000000006") and summary["steps"] == 12
     final_a = _params(straight / "checkpoints" / "step_000000012" / "model.safetensors")
