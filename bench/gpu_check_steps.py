@@ -195,8 +195,8 @@ def make_jpeg_shards(out: Path, n: int, size: int, processes: int, per_shard: in
 
 IMPORTS = ("torch", "torchvision", "torchvision.io", "accelerate", "pynvml", "psutil",
            "prometheus_client", "safetensors", "tensorboard", "webdataset", "plotly",
-           "ipywidgets", "zmq", "zstandard", "braceexpand", "ipykernel", "jupyter_client",
-           "nbclient", "nbformat")
+           "ipywidgets", "anywidget", "zmq", "zstandard", "braceexpand", "ipykernel",
+           "jupyter_client", "nbclient", "nbformat")
 # the server extension's handlers need jupyter_server, which does not travel: the telemetry
 # step builds the Prometheus exposition without a server
 NOT_IMPORTED = ("gpu_lab.server.handlers",)

@@ -145,6 +145,8 @@ def test_the_package_never_imports_the_benchmarks():
 USED_WITHOUT_IMPORT = {
     "jupyterlab": "the application that serves the tutorials and loads the lab extension",
     "tensorboard": "accelerate's tracker behind TrainConfig.tensorboard (log_with='tensorboard')",
+    "anywidget": "plotly's FigureWidget (every live plot) is an anywidget: plotly imports it and "
+                 "refuses to make one without it",
 }
 
 
