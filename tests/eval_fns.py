@@ -237,11 +237,21 @@ def digits(out: str) -> None:
 
 
 if __name__ == "__main__":
+    import faulthandler
+    import signal
+
+    faulthandler.register(signal.SIGUSR2, all_threads=True)  # proc_utils.run_or_dump asks for stacks
     cmd, *args = sys.argv[1:]
     if cmd == "matrix":
         from accelerate import notebook_launcher
 
-        notebook_launcher(matrix, args=(args[0], args[1]), num_processes=int(args[2]))
+        import socket
+
+        with socket.socket() as s:  # a free port, not accelerate's fixed default
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        notebook_launcher(matrix, args=(args[0], args[1]), num_processes=int(args[2]),
+                          use_port=str(port))
     elif cmd == "digits":
         digits(args[0])
     else:

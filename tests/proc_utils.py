@@ -44,3 +44,34 @@ def wait_until(pred, timeout: float, interval: float = 0.05, what: str = "condit
             return v
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def run_or_dump(cmd: list[str], env: dict, timeout: float) -> "subprocess.CompletedProcess":
+    """subprocess.run(cmd) with output captured; past `timeout`, every process of its tree is asked
+    for its Python stacks (SIGUSR2: the command registers faulthandler for it, and its ranks and
+    DataLoader workers inherit that), then killed, and the test fails with the stacks: a hang in
+    CI says where it was, and leaves no process behind."""
+    import signal
+    import subprocess
+
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+        return subprocess.CompletedProcess(cmd, p.returncode, out, err)
+    except subprocess.TimeoutExpired:
+        procs = tree(p.pid)
+        for q in procs:
+            try:
+                q.send_signal(signal.SIGUSR2)
+            except psutil.Error:
+                pass
+        try:  # the dumps arrive on the inherited stderr; the processes go on hanging
+            out, err = p.communicate(timeout=5)
+        except subprocess.TimeoutExpired:
+            for q in alive(procs):
+                q.kill()
+            out, err = p.communicate()
+        for q in alive(procs):
+            q.kill()
+        raise AssertionError(f"{' '.join(cmd[1:3])}: no result after {timeout:g} s; the stacks of "
+                             f"its {len(procs)} processes:\n{err[-20000:]}\n{out[-3000:]}") from None

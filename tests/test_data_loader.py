@@ -18,6 +18,7 @@ from gpu_lab.data import (ShardError, ShardManifest, make_synthetic_images, norm
                           shard_loader, write_shards)
 
 import data_fns
+import proc_utils
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTDATA = ROOT.parent / "shared" / "testdata"
@@ -245,6 +246,61 @@ def test_shard_truncated_while_two_workers_read_it_is_a_shard_error(long_shards,
     assert got == [f"{i:05d}" for i in range(len(got))] and len(got) in (149, 150)
     assert loader.stats.skipped_samples == 300 - len(got)  # every sample counted exactly once
     assert sorted(k for k in keys if int(k) >= 300) == [f"{i:05d}" for i in range(300, 600)]
+
+
+def test_a_read_that_never_returns_is_a_loader_stall_error(shards, tmp_path):
+    """A shard whose read blocks forever (here a named pipe without a writer; on a real system a
+    hung network filesystem): after `timeout` s without a batch, LoaderStallError names the rank
+    and the shards instead of a silent hang, and the stuck worker, which ignores SIGTERM like every
+    gpu_lab loader worker, is killed rather than left behind."""
+    from gpu_lab.data import LoaderStallError
+
+    stuck = tmp_path / "stuck"
+    m = _copy_shards(shards, stuck)
+    fifo = stuck / m.shards[1].name
+    fifo.unlink()
+    os.mkfifo(fifo)
+    loader = shard_loader(stuck, 8, train=False, image_size=16, num_workers=1, rank=0,
+                          world_size=1, timeout=2)
+    children = {p.pid for p in psutil.Process().children()}
+    got = 0
+    with pytest.raises(LoaderStallError, match=r"no batch from the 1 DataLoader workers of rank 0 "
+                                               rf"in 2 s \(shards in {stuck}\)"):
+        for _, y in loader:
+            got += len(y)
+    assert got <= 12  # at most the first shard: the worker reads ahead into the stuck one
+    assert {p.pid for p in psutil.Process().children()} <= children
+    with pytest.raises(ValueError, match=r"timeout=-1: expected seconds >= 0"):
+        shard_loader(stuck, 8, timeout=-1)
+
+
+def test_stop_checkpoints_a_run_that_reads_shards_with_workers(shards, tmp_path, gpu_lab_home):
+    """Stop sends SIGTERM to the run's whole process group, the loader's workers included: the
+    workers must leave it to the training process, which checkpoints at the step boundary, or the
+    run ends on "DataLoader worker killed" with nothing saved."""
+    from gpu_lab.train import train_classifier
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for split in ("train", "val"):
+        (data / split).symlink_to(shards, target_is_directory=True)
+    cfg = gpu_lab.TrainConfig(model="tiny_cnn", image_size=16, num_classes=4, batch_size=4,
+                              epochs=1000, augment="none", num_workers=2, data_dir=str(data),
+                              output_dir=str(tmp_path / "runs"), tensorboard=False)
+    run = gpu_lab.launch(train_classifier, cfg, name="shards-stop")
+    try:
+        proc_utils.wait_until(lambda: run.done or run.metrics.count("loss", 0) >= 2, 180,
+                              what="two logged steps")
+        assert not run.done, run.logs(0)
+        assert run.stop() == "stopped", run.logs(None) + run.logs(0) + run.logs(1)
+    finally:
+        if not run.done:
+            run.stop()
+    logs = run.logs(0)
+    assert "killed by signal" not in logs, logs
+    saved = sorted(Path(run.output_dir).glob("checkpoints/step_*"))
+    assert saved, f"no checkpoint after the stop: {logs}"
+    assert int(saved[-1].name.split("_")[1]) >= 2
 
 
 def test_vanished_shard_is_a_shard_error_or_a_counted_skip(shards, tmp_path):

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -22,6 +21,7 @@ import pytest
 import torch
 
 import eval_fns
+import proc_utils
 
 CASES = eval_fns.cases(Path())
 SCRIPT = Path(eval_fns.__file__)
@@ -47,8 +47,8 @@ def data(tmp_path_factory) -> Path:
 def two_ranks(data, tmp_path_factory) -> dict:
     """{case: [rank 0's evaluations, rank 1's]} from one launch of 2 gloo ranks."""
     out = tmp_path_factory.mktemp("two_ranks")
-    p = subprocess.run([sys.executable, str(SCRIPT), "matrix", str(data), str(out), "2"],
-                       env=_env(), capture_output=True, text=True, timeout=300)
+    p = proc_utils.run_or_dump([sys.executable, str(SCRIPT), "matrix", str(data), str(out), "2"],
+                               env=_env(), timeout=200)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-5000:]
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
     return {case: [r[case] for r in ranks] for case in CASES}
@@ -150,9 +150,13 @@ def test_each_rank_share_of_a_loader_partitions_it(data):
 @pytest.fixture(scope="module")
 def digits_run(tmp_path_factory, gpu_lab_home_module) -> dict:
     out = tmp_path_factory.mktemp("digits")
-    p = subprocess.run([sys.executable, str(SCRIPT), "digits", str(out)],
-                       env=_env(GPU_LAB_HOME=str(gpu_lab_home_module)), capture_output=True,
-                       text=True, timeout=600)
+    try:
+        p = proc_utils.run_or_dump([sys.executable, str(SCRIPT), "digits", str(out)],
+                                   env=_env(GPU_LAB_HOME=str(gpu_lab_home_module)), timeout=240)
+    except AssertionError as e:  # the ranks' stacks are in their run's logs
+        logs = sorted(gpu_lab_home_module.glob("runs/*/logs/*"))
+        raise AssertionError(str(e) + "".join(f"\n--- {f}:\n{f.read_text(errors='replace')[-6000:]}"
+                                              for f in logs)) from None
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-5000:]
     return json.loads((out / "digits.json").read_text())
 

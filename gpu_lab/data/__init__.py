@@ -27,6 +27,7 @@ _API = {
     "shard_loader": "gpu_lab.data.loader",
     "ShardLoader": "gpu_lab.data.loader",
     "ShardError": "gpu_lab.data.loader",
+    "LoaderStallError": "gpu_lab.data.loader",
     "ErrorPolicy": "gpu_lab.data.loader",
     "LoaderStats": "gpu_lab.data.loader",
     "build_transform": "gpu_lab.data.transforms",

@@ -64,6 +64,7 @@ from . import gpu_decode
 from .batch_ring import BatchRing, RingBatch
 from .shards import ShardManifest, resolve_shards
 from .tario import shard_members
+from .workers import end_workers, ignore_stop_signals, kill_workers_at_exit
 from .transforms import (CROP_SCALE, IMAGE_KEYS, build_transform, check_augment, decode, image_key,
                          normalize_batch, parse_label)
 
@@ -82,6 +83,10 @@ class Output(StrEnum):
 
 class ShardError(RuntimeError):
     """A shard, or a sample in it, could not be read. The message starts with `shard <path>:`."""
+
+
+class LoaderStallError(RuntimeError):
+    """The workers delivered no batch within the loader's `timeout`: a silent hang made an error."""
 
 
 class LoaderStats:
@@ -422,8 +427,10 @@ class ShardLoader:
         # earlier epoch that the caller still holds keep theirs alive
         ring = self._new_ring()  # held by this generator for the epoch; the batches hold it too
         self.dataset.ring = ring
+        if self.num_workers:
+            kill_workers_at_exit()
         try:
-            it = iter(self._loader)
+            workers = it = iter(self._loader)
         finally:
             self.dataset.ring = None  # the workers have their copy; nothing else needs it
         if self.batches_per_epoch is not None:
@@ -438,9 +445,17 @@ class ShardLoader:
             # in a reference cycle: freed only by the cycle collector, at some later moment, and
             # then it waits 5 s per worker to stop them. Dropped now, it stops them at once.
             traceback.clear_frames(exn.__traceback__)
+            if isinstance(exn, RuntimeError) and str(exn).startswith("DataLoader timed out"):
+                raise LoaderStallError(
+                    f"no batch from the {self.num_workers} DataLoader workers of rank {self.rank} "
+                    f"in {self._loader.timeout:g} s (shards in {Path(self.dataset.urls[0]).parent}):"
+                    f" a worker is stuck, in a read that does not return (a network filesystem?) "
+                    f"or since it started. Resume from the last checkpoint; "
+                    f"shard_loader(timeout=...) sets this limit") from None
             raise
         finally:
-            del it
+            end_workers(workers)  # now; SIGKILL for a worker that does not stop when asked
+            del it, workers
 
     def _new_ring(self) -> BatchRing | None:
         """Shared batch slots for this epoch's workers, when they will inherit them (fork)."""
@@ -506,7 +521,8 @@ def shard_loader(urls: str | list, batch_size: int, train: bool = True, image_si
                  pin_memory: bool | None = None, prefetch_factor: int = 2, output: str = "float32",
                  device: str | torch.device | None = None, return_keys: bool = False,
                  crop_scale: tuple[float, float] = CROP_SCALE,
-                 multiprocessing_context: str | None = None, decode: str = "cpu") -> ShardLoader:
+                 multiprocessing_context: str | None = None, decode: str = "cpu",
+                 timeout: float = 600.0) -> ShardLoader:
     """Batches from WebDataset shards for this rank (see the module docstring for the pipeline).
 
     urls: a shard directory (with write_shards' manifest, or any *.tar / *.tar.zst / *.tgz), a
@@ -535,11 +551,15 @@ def shard_loader(urls: str | list, batch_size: int, train: bool = True, image_si
         `device`, default the current CUDA device, and crops there: see `gpu_decode`), or "auto"
         (gpu when this host has one and `augment` is not "autoaugment"). "gpu" is refused on a
         host without a GPU.
+    timeout: seconds to wait for the workers' next batch before failing with LoaderStallError (a
+        read that never returns, a stuck worker); 0 waits forever. Ignored with num_workers=0.
     """
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size={batch_size!r}: expected a positive int")
     if not isinstance(num_workers, int) or num_workers < 0:
         raise ValueError(f"num_workers={num_workers!r}: expected an int >= 0")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
+        raise ValueError(f"timeout={timeout!r}: expected seconds >= 0 (0: wait forever)")
     if not isinstance(shuffle_buffer, int) or shuffle_buffer < 0:
         raise ValueError(f"shuffle_buffer={shuffle_buffer!r}: expected an int >= 0 (samples)")
     check_augment(augment)
@@ -600,7 +620,9 @@ def shard_loader(urls: str | list, batch_size: int, train: bool = True, image_si
         handover=handover)
     kw: dict[str, Any] = {}
     if num_workers > 0:
-        kw.update(prefetch_factor=prefetch_factor, multiprocessing_context=ctx)
+        # a Stop or a preemption is for the training process: it checkpoints, then ends them
+        kw.update(prefetch_factor=prefetch_factor, multiprocessing_context=ctx,
+                  worker_init_fn=ignore_stop_signals, timeout=float(timeout))
     loader = DataLoader(dataset, batch_size=None, num_workers=num_workers,
                         pin_memory=_default_pin_memory() if pin_memory is None else pin_memory, **kw)
     return ShardLoader(dataset, loader, num_workers=num_workers, batches_per_epoch=batches_per_epoch,

@@ -416,7 +416,7 @@ def terminate_tree(pid: int, run_dir: Path | None, grace: float = 5.0,
     _wait_gone(procs, grace)
     # Ranks that ignored SIGTERM go first; the supervisor then has a moment to record the end
     # (a supervisor killed before that leaves a run that readers call lost).
-    ranks = [p for p in procs[1:] if _alive(p)]
+    ranks = [p for p in procs[1:] if _alive(p) and not _is_recorder(p)]
     if ranks:
         _signal_all(ranks, None, signal.SIGKILL)
         _wait_gone(ranks, 5.0)
@@ -425,6 +425,14 @@ def terminate_tree(pid: int, run_dir: Path | None, grace: float = 5.0,
     if leftover:
         _signal_all(leftover, pgid, signal.SIGKILL)
         _wait_gone(leftover, 5.0)
+
+
+def _is_recorder(p) -> bool:
+    """The run's recorder: it writes the end the supervisor hands it, and exits by itself."""
+    try:
+        return "gpu_lab.stream.recorder" in p.cmdline()
+    except Exception:  # noqa: BLE001 - gone, or not ours to read
+        return False
 
 
 def _wait_gone(procs: list, timeout: float) -> None:

@@ -339,6 +339,11 @@ def supervise(spec: Spec) -> None:
         try:
             sys.stdout.flush()
             sys.stderr.flush()
+            # a one-process run trains in this process: its loader workers, which ignore stop
+            # signals, would outlive it for seconds and hold the run's stop until they noticed
+            from ..data.workers import kill_live_workers
+
+            kill_live_workers()
         finally:
             os._exit(code)
 

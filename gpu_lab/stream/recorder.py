@@ -265,11 +265,15 @@ def serve(registry_path: str, run_id: str) -> int:
     sys.stdout.write(json.dumps({"address": rec.address, "publish": rec.publish_address}) + "\n")
     sys.stdout.flush()
     final = None
-    for line in sys.stdin:  # until the supervisor closes it, or dies
+    # until the supervisor says the run ended, or dies (EOF). Not EOF alone: a DataLoader worker
+    # of a rank forked from the supervisor holds the pipe open until it notices its parent is gone
+    for line in sys.stdin:
         try:
             final = json.loads(line).get("end") or final
         except ValueError:
             continue
+        if final is not None:
+            break
     if final is None:
         final = {"status": "lost", "reason": LOST}
     rec.close(end=final)

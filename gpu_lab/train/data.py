@@ -8,20 +8,12 @@ iterable with `set_epoch`, see `is_per_rank`), which fit uses as it is.
 from __future__ import annotations
 
 import math
-import signal
 from typing import Any
+
+from ..data.workers import ignore_stop_signals, kill_workers_at_exit
 
 IMAGE_KEYS = ("image", "images", "pixel_values", "input", "inputs", "x", "jpg", "png")
 LABEL_KEYS = ("label", "labels", "target", "targets", "y", "cls")
-
-
-def ignore_stop_signals(worker_id: int = 0) -> None:
-    """DataLoader worker_init_fn: a SIGTERM / SIGUSR1 / SIGINT sent to the whole process group is
-    for the training process to handle (checkpoint, then exit 143); if the workers died of it first,
-    the loop would fail on "DataLoader worker killed" before reaching the step boundary. Workers
-    still exit when their parent does (PyTorch's worker watchdog)."""
-    for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
-        signal.signal(s, signal.SIG_IGN)
 
 
 def split_batch(batch: Any):
@@ -114,6 +106,7 @@ def make_loader(data: Any, batch_size: int, *, shuffle: bool, num_workers: int, 
         data = SeededSamples(data, seed)
     kw: dict[str, Any] = {}
     if num_workers > 0:
+        kill_workers_at_exit()  # they ignore stop signals: a stopped run must still exit
         kw.update(worker_init_fn=ignore_stop_signals, persistent_workers=False, prefetch_factor=4)
     return DataLoader(data, batch_size=batch_size, shuffle=shuffle, num_workers=num_workers,
                       pin_memory=pin_memory, drop_last=False, generator=gen, **kw)
@@ -132,5 +125,5 @@ def steps_per_epoch(micro_batches: int | None, accum: int) -> int | None:
     return None if micro_batches is None else math.ceil(micro_batches / accum)
 
 
-__all__ = ["split_batch", "make_loader", "SeededSamples", "ignore_stop_signals", "micro_batches_per_epoch",
+__all__ = ["split_batch", "make_loader", "SeededSamples", "micro_batches_per_epoch",
            "steps_per_epoch", "is_loader", "is_per_rank"]
