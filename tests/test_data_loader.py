@@ -274,6 +274,39 @@ def test_a_read_that_never_returns_is_a_loader_stall_error(shards, tmp_path):
         shard_loader(stuck, 8, timeout=-1)
 
 
+def _stop_signals_in_a_worker(q) -> None:
+    import signal
+
+    from gpu_lab.data.workers import STOP_SIGNALS, ignore_stop_signals
+
+    at_start = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    os.kill(os.getpid(), signal.SIGTERM)  # a stop to the group while the worker is starting
+    ignore_stop_signals()
+    q.put((sorted(int(s) for s in STOP_SIGNALS if s in at_start),
+           sorted(int(s) for s in STOP_SIGNALS if s in signal.pthread_sigmask(signal.SIG_BLOCK, []))))
+
+
+def test_loader_workers_survive_a_stop_that_arrives_while_they_start():
+    """Workers start with the stop signals blocked, so a SIGTERM to the process group between the
+    fork and ignore_stop_signals (where PyTorch's own worker handler would die of it) is dropped;
+    afterwards nothing stays blocked, and the starting process's mask is as it was."""
+    import signal
+
+    from gpu_lab.data.workers import STOP_SIGNALS, worker_context
+
+    ctx = worker_context()
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    q = ctx.SimpleQueue()
+    p = ctx.Process(target=_stop_signals_in_a_worker, args=(q,), daemon=True)
+    p.start()
+    p.join(30)
+    assert p.exitcode == 0, f"the worker died: exit code {p.exitcode}"
+    blocked_at_start, blocked_after = q.get()
+    assert blocked_at_start == sorted(int(s) for s in STOP_SIGNALS) and blocked_after == []
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == mask
+    assert worker_context("spawn").get_start_method() == "spawn"  # only fork needs it
+
+
 def test_stop_checkpoints_a_run_that_reads_shards_with_workers(shards, tmp_path, gpu_lab_home):
     """Stop sends SIGTERM to the run's whole process group, the loader's workers included: the
     workers must leave it to the training process, which checkpoints at the step boundary, or the

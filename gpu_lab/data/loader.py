@@ -64,7 +64,7 @@ from . import gpu_decode
 from .batch_ring import BatchRing, RingBatch
 from .shards import ShardManifest, resolve_shards
 from .tario import shard_members
-from .workers import end_workers, ignore_stop_signals, kill_workers_at_exit
+from .workers import end_workers, ignore_stop_signals, kill_workers_at_exit, worker_context
 from .transforms import (CROP_SCALE, IMAGE_KEYS, build_transform, check_augment, decode, image_key,
                          normalize_batch, parse_label)
 
@@ -610,7 +610,7 @@ def shard_loader(urls: str | list, batch_size: int, train: bool = True, image_si
         raise ValueError("epoch_size is only used with resampled=True (without resampling an epoch "
                          "is one pass over the shards)")
 
-    ctx = mp.get_context(multiprocessing_context)
+    ctx = worker_context(multiprocessing_context)
     dataset = ShardDataset(
         shards, counts=counts, rank=rank, world_size=world_size, train=train,
         shard_shuffle=train if shard_shuffle is None else shard_shuffle, resampled=resampled,

@@ -6,8 +6,10 @@ boundary, and never kills the workers under it first.
 """
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 import signal
+from multiprocessing.context import BaseContext, ForkContext, ForkProcess
 from typing import Any
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
@@ -20,7 +22,35 @@ def ignore_stop_signals(worker_id: int = 0) -> None:
     still exit when their parent does (PyTorch's worker watchdog), and `end_workers` kills any
     that do not stop when asked."""
     for s in STOP_SIGNALS:
-        signal.signal(s, signal.SIG_IGN)
+        signal.signal(s, signal.SIG_IGN)  # discards one that arrived while blocked (below)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+class _StopSafeProcess(ForkProcess):
+    def start(self) -> None:
+        # Forked with the stop signals blocked: until ignore_stop_signals runs in the worker, a
+        # stop sent to the process group would otherwise find PyTorch's worker SIGTERM handler,
+        # which dies of it (a Stop at the start of an epoch failed the run). The training
+        # process gets its own signal as soon as it unblocks.
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            super().start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+class _StopSafeForkContext(ForkContext):
+    Process = _StopSafeProcess
+
+
+_STOP_SAFE_FORK = _StopSafeForkContext()
+
+
+def worker_context(method: str | BaseContext | None = None) -> BaseContext:
+    """The multiprocessing context for loader workers that use `ignore_stop_signals`: `method`'s
+    (default: this platform's), with fork made safe against a stop that arrives mid-start."""
+    ctx = method if isinstance(method, BaseContext) else mp.get_context(method)
+    return _STOP_SAFE_FORK if ctx.get_start_method() == "fork" else ctx
 
 
 
@@ -62,14 +92,23 @@ def kill_workers_at_exit() -> None:
 
 
 def kill_live_workers() -> None:
-    """SIGKILL this process's DataLoader workers that are still alive (it is about to exit)."""
+    """SIGKILL this process's daemonic children that are still alive (it is about to exit).
+
+    DataLoader workers are daemonic: multiprocessing would end them with SIGTERM at exit, which
+    these ignore. (A started Process no longer knows its target, so daemonic is the mark.)"""
     import multiprocessing as mp
+    import threading
 
-    for p in mp.active_children():
-        if getattr(getattr(p, "_target", None), "__name__", "") == "_worker_loop":
-            p.kill()
-            p.join(5.0)
+    if threading.current_thread() is threading.main_thread():
+        # PyTorch's SIGCHLD handler raises "DataLoader worker killed" for its workers' deaths,
+        # which would cut this loop short after the first one
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    workers = [p for p in mp.active_children() if p.daemon]
+    for p in workers:
+        p.kill()
+    for p in workers:
+        p.join(5.0)
 
 
-__all__ = ["ignore_stop_signals", "end_workers", "kill_workers_at_exit", "kill_live_workers",
+__all__ = ["ignore_stop_signals", "worker_context", "end_workers", "kill_workers_at_exit", "kill_live_workers",
            "STOP_SIGNALS"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..data.workers import ignore_stop_signals, kill_workers_at_exit
+from ..data.workers import ignore_stop_signals, kill_workers_at_exit, worker_context
 
 IMAGE_KEYS = ("image", "images", "pixel_values", "input", "inputs", "x", "jpg", "png")
 LABEL_KEYS = ("label", "labels", "target", "targets", "y", "cls")
@@ -107,7 +107,8 @@ def make_loader(data: Any, batch_size: int, *, shuffle: bool, num_workers: int, 
     kw: dict[str, Any] = {}
     if num_workers > 0:
         kill_workers_at_exit()  # they ignore stop signals: a stopped run must still exit
-        kw.update(worker_init_fn=ignore_stop_signals, persistent_workers=False, prefetch_factor=4)
+        kw.update(worker_init_fn=ignore_stop_signals, multiprocessing_context=worker_context(),
+                  persistent_workers=False, prefetch_factor=4)
     return DataLoader(data, batch_size=batch_size, shuffle=shuffle, num_workers=num_workers,
                       pin_memory=pin_memory, drop_last=False, generator=gen, **kw)
 
