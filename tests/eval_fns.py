@@ -245,13 +245,11 @@ if __name__ == "__main__":
     if cmd == "matrix":
         from accelerate import notebook_launcher
 
-        import socket
+        from gpu_lab.launch.checks import free_port
 
-        with socket.socket() as s:  # a free port, not accelerate's fixed default
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        # a free port, not accelerate's fixed default 29500
         notebook_launcher(matrix, args=(args[0], args[1]), num_processes=int(args[2]),
-                          use_port=str(port))
+                          use_port=str(free_port()))
     elif cmd == "digits":
         digits(args[0])
     else:

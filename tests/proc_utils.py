@@ -66,12 +66,11 @@ def run_or_dump(cmd: list[str], env: dict, timeout: float) -> "subprocess.Comple
             except psutil.Error:
                 pass
         try:  # the dumps arrive on the inherited stderr; the processes go on hanging
-            out, err = p.communicate(timeout=5)
+            p.wait(5)
         except subprocess.TimeoutExpired:
-            for q in alive(procs):
-                q.kill()
-            out, err = p.communicate()
+            pass
         for q in alive(procs):
             q.kill()
+        out, err = p.communicate()  # EOF once the whole tree, which holds the pipes, is gone
         raise AssertionError(f"{' '.join(cmd[1:3])}: no result after {timeout:g} s; the stacks of "
                              f"its {len(procs)} processes:\n{err[-20000:]}\n{out[-3000:]}") from None

@@ -292,9 +292,9 @@ def test_loader_workers_survive_a_stop_that_arrives_while_they_start():
     afterwards nothing stays blocked, and the starting process's mask is as it was."""
     import signal
 
-    from gpu_lab.data.workers import STOP_SIGNALS, worker_context
+    from gpu_lab.data.workers import STOP_SIGNALS, worker_options
 
-    ctx = worker_context()
+    ctx = worker_options()["multiprocessing_context"]
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
     q = ctx.SimpleQueue()
     p = ctx.Process(target=_stop_signals_in_a_worker, args=(q,), daemon=True)
@@ -304,7 +304,7 @@ def test_loader_workers_survive_a_stop_that_arrives_while_they_start():
     blocked_at_start, blocked_after = q.get()
     assert blocked_at_start == sorted(int(s) for s in STOP_SIGNALS) and blocked_after == []
     assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == mask
-    assert worker_context("spawn").get_start_method() == "spawn"  # only fork needs it
+    assert worker_options("spawn")["multiprocessing_context"].get_start_method() == "spawn"
 
 
 def test_stop_checkpoints_a_run_that_reads_shards_with_workers(shards, tmp_path, gpu_lab_home):

@@ -64,7 +64,7 @@ from . import gpu_decode
 from .batch_ring import BatchRing, RingBatch
 from .shards import ShardManifest, resolve_shards
 from .tario import shard_members
-from .workers import end_workers, ignore_stop_signals, kill_workers_at_exit, worker_context
+from .workers import end_workers, worker_options
 from .transforms import (CROP_SCALE, IMAGE_KEYS, build_transform, check_augment, decode, image_key,
                          normalize_batch, parse_label)
 
@@ -427,8 +427,6 @@ class ShardLoader:
         # earlier epoch that the caller still holds keep theirs alive
         ring = self._new_ring()  # held by this generator for the epoch; the batches hold it too
         self.dataset.ring = ring
-        if self.num_workers:
-            kill_workers_at_exit()
         try:
             workers = it = iter(self._loader)
         finally:
@@ -610,7 +608,8 @@ def shard_loader(urls: str | list, batch_size: int, train: bool = True, image_si
         raise ValueError("epoch_size is only used with resampled=True (without resampling an epoch "
                          "is one pass over the shards)")
 
-    ctx = worker_context(multiprocessing_context)
+    workers = worker_options(multiprocessing_context)
+    ctx = workers["multiprocessing_context"]
     dataset = ShardDataset(
         shards, counts=counts, rank=rank, world_size=world_size, train=train,
         shard_shuffle=train if shard_shuffle is None else shard_shuffle, resampled=resampled,
@@ -621,8 +620,7 @@ def shard_loader(urls: str | list, batch_size: int, train: bool = True, image_si
     kw: dict[str, Any] = {}
     if num_workers > 0:
         # a Stop or a preemption is for the training process: it checkpoints, then ends them
-        kw.update(prefetch_factor=prefetch_factor, multiprocessing_context=ctx,
-                  worker_init_fn=ignore_stop_signals, timeout=float(timeout))
+        kw.update(prefetch_factor=prefetch_factor, timeout=float(timeout), **workers)
     loader = DataLoader(dataset, batch_size=None, num_workers=num_workers,
                         pin_memory=_default_pin_memory() if pin_memory is None else pin_memory, **kw)
     return ShardLoader(dataset, loader, num_workers=num_workers, batches_per_epoch=batches_per_epoch,

@@ -9,7 +9,8 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
-from multiprocessing.context import BaseContext, ForkContext, ForkProcess
+from multiprocessing.context import (BaseContext, ForkContext, ForkProcess, ForkServerContext,
+                                     ForkServerProcess, SpawnContext, SpawnProcess)
 from typing import Any
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
@@ -26,11 +27,12 @@ def ignore_stop_signals(worker_id: int = 0) -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 
-class _StopSafeProcess(ForkProcess):
+class _StopSafe:
     def start(self) -> None:
-        # Forked with the stop signals blocked: until ignore_stop_signals runs in the worker, a
+        kill_workers_at_exit()  # registered in the process that starts them, which will wait
+        # Started with the stop signals blocked: until ignore_stop_signals runs in the worker, a
         # stop sent to the process group would otherwise find PyTorch's worker SIGTERM handler,
-        # which dies of it (a Stop at the start of an epoch failed the run). The training
+        # which dies of it (a Stop at the start of an epoch failed the run). The starting
         # process gets its own signal as soon as it unblocks.
         old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
         try:
@@ -39,23 +41,44 @@ class _StopSafeProcess(ForkProcess):
             signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
-class _StopSafeForkContext(ForkContext):
-    Process = _StopSafeProcess
+# module level: spawn pickles the Process object, so its class must be importable
+class _ForkProcess(_StopSafe, ForkProcess):
+    pass
 
 
-_STOP_SAFE_FORK = _StopSafeForkContext()
+class _SpawnProcess(_StopSafe, SpawnProcess):
+    pass
 
 
-def worker_context(method: str | BaseContext | None = None) -> BaseContext:
-    """The multiprocessing context for loader workers that use `ignore_stop_signals`: `method`'s
-    (default: this platform's), with fork made safe against a stop that arrives mid-start."""
+class _ForkServerProcess(_StopSafe, ForkServerProcess):
+    pass
+
+
+class _ForkContext(ForkContext):
+    Process = _ForkProcess
+
+
+class _SpawnContext(SpawnContext):
+    Process = _SpawnProcess
+
+
+class _ForkServerContext(ForkServerContext):
+    Process = _ForkServerProcess
+
+
+_CONTEXTS = {"fork": _ForkContext(), "spawn": _SpawnContext(), "forkserver": _ForkServerContext()}
+
+
+def worker_options(method: str | BaseContext | None = None) -> dict[str, Any]:
+    """DataLoader keyword arguments for workers that leave stop signals to the training process:
+    `worker_init_fn` and `multiprocessing_context` (`method`'s, default this platform's)."""
     ctx = method if isinstance(method, BaseContext) else mp.get_context(method)
-    return _STOP_SAFE_FORK if ctx.get_start_method() == "fork" else ctx
+    return {"worker_init_fn": ignore_stop_signals,
+            "multiprocessing_context": _CONTEXTS.get(ctx.get_start_method(), ctx)}
 
 
-
-def end_workers(iterator: Any) -> int:
-    """Stop the worker processes of a DataLoader iterator now; returns how many had to be killed.
+def end_workers(iterator: Any) -> None:
+    """Stop the worker processes of a DataLoader iterator now.
 
     PyTorch asks the workers to finish, waits, then sends SIGTERM to those still there, which
     workers that ignore stop signals survive: a worker stuck in a read that never returns would
@@ -63,13 +86,12 @@ def end_workers(iterator: Any) -> int:
     Those get SIGKILL here."""
     shutdown = getattr(iterator, "_shutdown_workers", None)
     if shutdown is None:  # no worker processes (num_workers=0)
-        return 0
+        return
     shutdown()
-    stuck = [w for w in getattr(iterator, "_workers", ()) if w.is_alive()]
-    for w in stuck:
-        w.kill()
-        w.join(5.0)
-    return len(stuck)
+    for w in getattr(iterator, "_workers", ()):
+        if w.is_alive():
+            w.kill()
+            w.join(5.0)
 
 
 _hooked_pid: int | None = None
@@ -96,7 +118,6 @@ def kill_live_workers() -> None:
 
     DataLoader workers are daemonic: multiprocessing would end them with SIGTERM at exit, which
     these ignore. (A started Process no longer knows its target, so daemonic is the mark.)"""
-    import multiprocessing as mp
     import threading
 
     if threading.current_thread() is threading.main_thread():
@@ -110,5 +131,5 @@ def kill_live_workers() -> None:
         p.join(5.0)
 
 
-__all__ = ["ignore_stop_signals", "worker_context", "end_workers", "kill_workers_at_exit", "kill_live_workers",
-           "STOP_SIGNALS"]
+__all__ = ["ignore_stop_signals", "worker_options", "end_workers", "kill_workers_at_exit",
+           "kill_live_workers", "STOP_SIGNALS"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..data.workers import ignore_stop_signals, kill_workers_at_exit, worker_context
+from ..data.workers import worker_options
 
 IMAGE_KEYS = ("image", "images", "pixel_values", "input", "inputs", "x", "jpg", "png")
 LABEL_KEYS = ("label", "labels", "target", "targets", "y", "cls")
@@ -106,9 +106,8 @@ def make_loader(data: Any, batch_size: int, *, shuffle: bool, num_workers: int, 
         data = SeededSamples(data, seed)
     kw: dict[str, Any] = {}
     if num_workers > 0:
-        kill_workers_at_exit()  # they ignore stop signals: a stopped run must still exit
-        kw.update(worker_init_fn=ignore_stop_signals, multiprocessing_context=worker_context(),
-                  persistent_workers=False, prefetch_factor=4)
+        # a Stop or a preemption is for the training process: it checkpoints, then ends them
+        kw.update(persistent_workers=False, prefetch_factor=4, **worker_options())
     return DataLoader(data, batch_size=batch_size, shuffle=shuffle, num_workers=num_workers,
                       pin_memory=pin_memory, drop_last=False, generator=gen, **kw)
 
