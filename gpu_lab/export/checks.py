@@ -26,15 +26,16 @@ C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 HOST = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?)*")
-SLURM_NAME = re.compile(r"[A-Za-z0-9_.-]+")
-SLURM_TIME = re.compile(r"\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}|UNLIMITED|INFINITE")
-QUANTITY = re.compile(r"\d+(\.\d+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?")
+SLURM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+SLURM_TIME = re.compile(r"\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}|UNLIMITED|INFINITE",
+                        re.ASCII)
+QUANTITY = re.compile(r"\d+(\.\d+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?", re.ASCII)
 # github.com/distribution/reference: [domain[:port]/]path[:tag][@digest]
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _DOMAIN = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*"
 IMAGE = re.compile(rf"(?:{_DOMAIN}(?::\d+)?/)?{_COMPONENT}(?:/{_COMPONENT})*"
                    r"(?::[\w][\w.-]{0,127})?(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*"
-                   r":[0-9a-fA-F]{32,})?")
+                   r":[0-9a-fA-F]{32,})?", re.ASCII)
 
 MAX_NAME = 48  # the operators add '-worker-12'-style suffixes; pod names must stay <= 63
 
@@ -62,14 +63,15 @@ def text(field: str, value, allow_empty: bool = False) -> str:
                          "returns, NUL and other control characters would split the exported "
                          "script or YAML)")
     if not value and not allow_empty:
-        raise ValueError(f"{field}: got an empty string; expected a value")
+        raise ValueError(f"{field}: got {value!r}; expected a value (it is empty)")
     return value
 
 
 def pattern(field: str, value, rx: re.Pattern, rule: str, max_len: int | None = None) -> str:
     """`value` (checked by text()) matching `rx` whole and at most `max_len` characters."""
     text(field, value)
-    if rx.fullmatch(value) is None or (max_len is not None and len(value) > max_len):
+    # the length first: it also bounds the regex's work on a huge value
+    if (max_len is not None and len(value) > max_len) or rx.fullmatch(value) is None:
         raise ValueError(f"{field}: got {value!r}; accepted: {rule}")
     return value
 
@@ -89,14 +91,24 @@ def dns_subdomain(field: str, value, example: str) -> str:
 
 def slurm_name(field: str, value, what: str, allow_list: bool = False) -> str:
     items = value.split(",") if allow_list and isinstance(value, str) else [value]
-    rule = (f"a Slurm {what} name of letters, digits, '_', '.' and '-' (no spaces, quotes or "
-            "shell characters: it goes on an #SBATCH line)")
+    rule = (f"a Slurm {what} name of letters, digits, '_', '.' and '-', starting with a letter "
+            "or digit (no spaces, quotes or shell characters: it goes on an #SBATCH line)")
     if allow_list:
         rule += "; several as a comma-separated list"
     text(field, value)
     for item in items:
         if not item or SLURM_NAME.fullmatch(item) is None:
             raise ValueError(f"{field}: got {value!r}; accepted: {rule}")
+    return value
+
+
+def word(field: str, value, what: str) -> str:
+    """Printable text that does not start with '-', which the command before it would read as
+    one of its own options (srun for the python program, run_entry for the config path)."""
+    text(field, value)
+    if value.startswith("-"):
+        raise ValueError(f"{field}: got {value!r}; accepted: {what} not starting with '-' (it "
+                         "would be read as an option)")
     return value
 
 
@@ -125,6 +137,6 @@ def env(field: str, env) -> dict[str, str]:
     return out
 
 
-__all__ = ["is_var_ref", "text", "pattern", "dns_label", "dns_subdomain", "slurm_name",
+__all__ = ["is_var_ref", "text", "word", "pattern", "dns_label", "dns_subdomain", "slurm_name",
            "master_addr", "env", "VAR_REF", "C_IDENTIFIER", "DNS_LABEL", "DNS_SUBDOMAIN", "IMAGE",
            "SLURM_TIME", "QUANTITY", "MAX_NAME"]

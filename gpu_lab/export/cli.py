@@ -104,7 +104,9 @@ def _jobs(args: argparse.Namespace) -> int:
     for item in args.env:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            print(f"gpu-lab export: --env: got {item!r}; expected KEY=VALUE", file=sys.stderr)
+            why = "its name (before '=') is empty" if sep else "it has no '='"
+            print(f"gpu-lab export: --env: got {item!r}, but {why}; expected NAME=VALUE",
+                  file=sys.stderr)
             return 2
         env[key] = value
     try:

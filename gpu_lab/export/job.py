@@ -83,8 +83,8 @@ class JobSpec:
         self._check_slurm()
         self._check_kubernetes()
         self.master_addr = checks.master_addr("JobSpec.master_addr", self.master_addr)
-        self.config_path = checks.text("JobSpec.config_path", self.config_path)
-        self.python = checks.text("JobSpec.python", self.python)
+        checks.word("JobSpec.config_path", self.config_path, "a path (write './-x' for '-x')")
+        checks.word("JobSpec.python", self.python, "a program name or path")
         self.env = checks.env("JobSpec.env", self.env)
         if self.name is None:
             self.name = k8s_name(f"gpu-lab-{self.config.model}")
@@ -116,7 +116,7 @@ class JobSpec:
     def _check_slurm(self) -> None:
         checks.pattern("JobSpec.time_limit", self.time_limit, checks.SLURM_TIME,
                        "one of Slurm's time formats, MM, MM:SS, [D-]HH[:MM[:SS]] or UNLIMITED, "
-                       "e.g. '24:00:00' or '2-00:00:00'")
+                       "e.g. '24:00:00' or '2-00:00:00'", 64)
         if self.partition is not None:
             checks.slurm_name("JobSpec.partition", self.partition, "partition", allow_list=True)
         if self.account is not None:
@@ -126,7 +126,7 @@ class JobSpec:
 
     def _check_kubernetes(self) -> None:
         checks.pattern("JobSpec.shm_size", self.shm_size, checks.QUANTITY,
-                       "a Kubernetes quantity such as '16Gi' or '512Mi'")
+                       "a Kubernetes quantity such as '16Gi' or '512Mi'", 64)
         checks.pattern("JobSpec.image", self.image, checks.IMAGE,
                        "a container image reference, [registry[:port]/]path[:tag][@digest] "
                        "with a lower-case path, e.g. 'registry.example.com/team/train:1.2'", 255)
