@@ -14,8 +14,8 @@ and other kernels read while a receiver writes. Contracts:
   one `RegistryWarning`; a write then raises `RegistryReadOnlyError` saying what to do.
 - A damaged file raises `RegistryCorruptError` naming the file and how to recover, wherever it is
   first touched. `gpu-lab registry check` says what is still readable.
-- The writer keeps the WAL bounded: a RESTART checkpoint once it passes CHECKPOINT_BYTES, and
-  `journal_size_limit` truncates it when it restarts.
+- The writer keeps the WAL bounded: a TRUNCATE checkpoint once it passes CHECKPOINT_BYTES (and
+  `journal_size_limit` for the WAL restarts SQLite makes itself).
 - Private by default: the home folder 0700, the database and its side files 0600, whatever the
   umask. GPU_LAB_SHARE_GROUP=<group> shares them with that group on purpose (2770 / 0660).
 """
@@ -96,8 +96,8 @@ _SIDE_FILES = ("", "-wal", "-shm", ".lock")
 _NOTED: set[str] = set()  # registries already noted as read-only in this process
 
 SHARE_ENV = "GPU_LAB_SHARE_GROUP"
-CHECKPOINT_BYTES = 32 * 2**20      # the writer checkpoints (RESTART) a WAL bigger than this
-JOURNAL_SIZE_LIMIT = 16 * 2**20    # what a restarted WAL is truncated to
+CHECKPOINT_BYTES = 32 * 2**20      # the writer checkpoints (TRUNCATE) a WAL bigger than this
+JOURNAL_SIZE_LIMIT = 16 * 2**20    # what SQLite truncates a WAL to when it restarts it itself
 _CHECKPOINT_WAIT_MS = 1000         # how long a checkpoint waits for readers to move on
 
 
@@ -371,8 +371,9 @@ class Registry:
         return c
 
     def _after_commit(self, c: sqlite3.Connection) -> None:
-        """A writer's commit: past CHECKPOINT_BYTES of WAL, copy it into the database and restart
-        it (readers holding old snapshots are waited for briefly; if they stay, later)."""
+        """A writer's commit: past CHECKPOINT_BYTES of WAL, copy it into the database and truncate
+        it (readers holding old snapshots are waited for briefly; if they stay, later). TRUNCATE,
+        not RESTART: the file's size then says what is in it, so this stat is the whole test."""
         try:
             size = os.stat(f"{self.path}-wal").st_size
         except OSError:
@@ -381,7 +382,7 @@ class Registry:
             return
         c.execute(f"PRAGMA busy_timeout={_CHECKPOINT_WAIT_MS}")
         try:
-            busy = c.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()[0]
+            busy = c.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
         finally:
             c.execute("PRAGMA busy_timeout=30000")
         # a reader held on: try again once the WAL has grown by another quarter, not every commit
