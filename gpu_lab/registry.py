@@ -274,6 +274,7 @@ class Registry:
         self.path = Path(path) if path is not None else home() / "registry.db"
         self._local = threading.local()
         self._checkpoint_at = CHECKPOINT_BYTES
+        self.checkpoint_errors = 0  # WAL checkpoints that failed (none is a lost write)
         self._uri: str | None = None
         if not self.path.parent.is_dir():
             try:
@@ -380,11 +381,15 @@ class Registry:
             return
         if size < self._checkpoint_at:
             return
-        c.execute(f"PRAGMA busy_timeout={_CHECKPOINT_WAIT_MS}")
-        try:
-            busy = c.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
-        finally:
-            c.execute("PRAGMA busy_timeout=30000")
+        try:  # the commit is done: whatever happens here must not look like a failed write
+            c.execute(f"PRAGMA busy_timeout={_CHECKPOINT_WAIT_MS}")
+            try:
+                busy = c.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+            finally:
+                c.execute("PRAGMA busy_timeout=30000")
+        except sqlite3.Error:
+            self.checkpoint_errors += 1
+            busy = 1
         # a reader held on: try again once the WAL has grown by another quarter, not every commit
         self._checkpoint_at = size + CHECKPOINT_BYTES // 4 if busy else CHECKPOINT_BYTES
 

@@ -373,3 +373,17 @@ def test_one_note_per_file_not_per_handle(read_only_view):
     assert first.list_runs(status="lost")[0]["id"] == "ghost"
     assert [r["id"] for r in first.list_runs(status="running")] == []
     first._conn().close()
+
+
+def test_opening_an_up_to_date_registry_takes_no_lock(tmp_path):
+    """Only creation and upgrade take registry.db.lock: a reader opening an existing registry while
+    another process holds that lock (a first open, say) does not wait for it."""
+    import fcntl
+
+    _registry_with_runs(tmp_path)._conn().close()
+    with open(tmp_path / "registry.db.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        out = _py(f"from gpu_lab.registry import Registry; "
+                  f"print(Registry({str(tmp_path / 'registry.db')!r}).get_run('ghost')['status'])",
+                  timeout=60)
+        assert out.returncode == 0 and out.stdout.strip() == "lost", out.stderr
