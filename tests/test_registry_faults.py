@@ -8,11 +8,9 @@ import grp
 import json
 import os
 import sqlite3
-import stat
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import psutil
@@ -210,8 +208,33 @@ def test_the_server_answers_a_damaged_registry_with_advice_and_recovers(jp_fetch
     assert runs == []
 
 
+
+def test_the_server_reads_a_read_only_registry_and_refuses_its_writes(
+        jp_fetch, run_loop, sampler, read_only_view, monkeypatch):
+    from test_server import _http_error
+
+    src, make = read_only_view
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        reg = Registry(src / "registry.db")
+        reg.create_run("live", name="live", status="running")
+        reg.update("live", pid=live.pid, pid_started=psutil.Process(live.pid).create_time())
+        _registry_with_runs(src)._conn().close()
+        reg._conn().close()
+        monkeypatch.setenv("GPU_LAB_HOME", str(make()))
+        runs = json.loads(run_loop(jp_fetch("gpu-lab", "api", "runs")).body)["runs"]
+        assert {r["id"]: r["status"] for r in runs} == {
+            "ghost": "lost", "live": "running", "done": "succeeded"}
+        code, message = _http_error(run_loop, jp_fetch, "runs", "live", "stop", method="POST")
+        assert code == 409 and "read-only" in message and "GPU_LAB_HOME" in message, message
+        assert live.poll() is None  # refused before anything was signalled
+    finally:
+        live.kill()
+        live.wait(10)
+
+
 WRITER = """
-import sys, time
+import select, sys
 from gpu_lab.registry import Registry
 reg = Registry(sys.argv[1])
 c = reg._conn()
@@ -219,9 +242,7 @@ c.execute("BEGIN IMMEDIATE")
 c.execute("INSERT INTO events (run_id, seq, rank, kind, t, step, data) "
           "VALUES ('live', 999999, 0, 'note', 0, 0, '{}')")
 print("holding", flush=True)
-deadline = time.monotonic() + 10
-import select
-ready = select.select([sys.stdin], [], [], 10)[0]
+ready = select.select([sys.stdin], [], [], 10)[0]  # hold until told, 10 s at most
 c.execute("ROLLBACK")
 print("released on request" if ready else "released after 10 s", flush=True)
 """
