@@ -185,7 +185,8 @@ def _wait_supervisor(run: Run, pid: int) -> None:
     get_receiver().poke(run.id)  # the end may be in the registry without having reached us
     if run._done.wait(5.0):
         return
-    row = run._registry.get_run(run.id)  # marks it lost if it is still 'running'
+    run._registry.persist_lost()  # this process writes: record what readers see as lost
+    row = run._registry.get_run(run.id)
     if row is not None:
         run._finish(row["status"] if row["status"] in FINAL else "lost", code, row.get("reason"))
 
