@@ -231,7 +231,7 @@ class Registry:
                         raise TypeError(f"step {step!r:.40}")
                     if not isinstance(data, dict):
                         raise TypeError(f"data of type {type(data).__name__}")
-                    if t != t or t in (float("inf"), float("-inf")):
+                    if not -1e308 < t < 1e308:  # NaN and the infinities
                         raise ValueError(f"time {t}")
                     rows.append((run_id, i, int(e.get("rank", -1)), str(e["kind"]), t, step,
                                  _encode(data)))

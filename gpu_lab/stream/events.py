@@ -88,15 +88,17 @@ MAX_DEPTH = 8                   # nesting of a non-metric event's data
 _MAX_INT = 2 ** 63              # SQLite's integers are 64-bit
 
 
-def problem(e: Any) -> str | None:
+def problem(e: Any, _finite: Any = math.isfinite) -> str | None:
     """None when `e` can go in a run's record, else what is wrong, as a short reason (the key
-    under which refusals are counted: kind, t, rank, step, data, value, name, size)."""
+    under which refusals are counted: kind, t, rank, step, data, value, name, size). On the
+    recorder's path for every event: checks done in C (map, set) where they can be."""
     if type(e) is not dict:
         return "event"
-    if e.get("kind") not in KINDS:
+    kind = e.get("kind")
+    if kind not in _KIND_SET:
         return "kind"
     t = e.get("t")
-    if not (type(t) is float and math.isfinite(t) or type(t) is int and 0 <= t < _MAX_INT):
+    if not (type(t) is float and _finite(t) or type(t) is int and 0 <= t < _MAX_INT):
         return "t"
     rank = e.get("rank")
     if type(rank) is not int or not -1 <= rank < 2 ** 31:
@@ -107,14 +109,22 @@ def problem(e: Any) -> str | None:
     data = e.get("data")
     if type(data) is not dict:
         return "data"
-    if e["kind"] == METRIC:
-        for k, v in data.items():
-            if type(v) is not float and (type(v) is not int or not -_MAX_INT <= v < _MAX_INT):
-                return "value"
-            if not 0 < len(k) <= MAX_NAME:
-                return "name"
+    if kind != METRIC:
+        return None if within_depth(data, MAX_DEPTH) else "data"
+    if not data:
         return None
-    return None if within_depth(data, MAX_DEPTH) else "data"
+    types = set(map(type, data.values()))
+    if not types <= _FLOAT and (not types <= _NUMBER or any(
+            type(v) is int and not -_MAX_INT <= v < _MAX_INT for v in data.values())):
+        return "value"
+    if max(map(len, data)) > MAX_NAME or "" in data:
+        return "name"
+    return None
+
+
+_KIND_SET = frozenset(KINDS)
+_FLOAT = frozenset((float,))
+_NUMBER = frozenset((float, int))
 
 
 def within_depth(o: Any, depth: int) -> bool:
@@ -144,11 +154,19 @@ def checked(raw: bytes) -> tuple[list[dict[str, Any]], dict[str, int]]:
         else:
             why[p] = why.get(p, 0) + 1
     if len(raw) > MAX_EVENT and good:  # only then can one event be over the limit
-        small = [e for e in good if _size(e) <= MAX_EVENT]
+        small = [e for e in good if not _maybe_big(e) or _size(e) <= MAX_EVENT]
         if len(small) != len(good):
             why["size"] = why.get("size", 0) + len(good) - len(small)
             good = small
     return good, why
+
+
+def _maybe_big(e: dict) -> bool:
+    """Whether an event that passed `problem` may encode to over MAX_EVENT bytes: a metric's name
+    encodes to at most 12 bytes a character (JSON's surrogate pairs), its number to 25."""
+    if e["kind"] != METRIC:
+        return True
+    return 200 + len(e["data"]) * (12 * MAX_NAME + 30) > MAX_EVENT
 
 
 def _size(e: dict) -> int:
