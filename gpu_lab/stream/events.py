@@ -117,9 +117,15 @@ def problem(e: Any, _finite: Any = math.isfinite) -> str | None:
     if not types <= _FLOAT and (not types <= _NUMBER or any(
             type(v) is int and not -_MAX_INT <= v < _MAX_INT for v in data.values())):
         return "value"
-    if max(map(len, data)) > MAX_NAME or "" in data:
-        return "name"
+    if not data.keys() <= _NAMES_SEEN:  # metric names repeat: check each new one once
+        if max(map(len, data)) > MAX_NAME or "" in data:
+            return "name"
+        if len(_NAMES_SEEN) < 10_000:
+            _NAMES_SEEN.update(data)
     return None
+
+
+_NAMES_SEEN: set = set()  # metric names known to be fine
 
 
 _KIND_SET = frozenset(KINDS)
