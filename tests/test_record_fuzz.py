@@ -247,3 +247,19 @@ def test_readers_skip_what_an_older_record_holds(tmp_path):
     assert "gpu_lab_run_last_step{" not in _prometheus(reg)
     fig = gpu_lab.compare(["old"], metric="loss", registry=reg)
     assert sorted(fig.data[0].y) == [1.0] * 5 + [3.0]  # the text step's point placed by time
+
+
+def test_the_record_contract_event_by_event():
+    ok = {"run": "r", "rank": 0, "kind": ev.METRIC, "t": 1.5, "step": 0,
+          "data": {"loss": math.nan, "acc": math.inf, "n": 3}}
+    assert ev.problem(ok) is None and ev.problem({**ok, "step": None, "rank": -1}) is None
+    for change, why in (({"kind": "x"}, "kind"), ({"t": math.inf}, "t"), ({"t": "1"}, "t"),
+                        ({"rank": -2}, "rank"), ({"rank": True}, "rank"), ({"step": -1}, "step"),
+                        ({"step": 2 ** 63}, "step"), ({"step": True}, "step"),
+                        ({"data": None}, "data"), ({"data": {"loss": True}}, "value"),
+                        ({"data": {"loss": None}}, "value"), ({"data": {"x": 2 ** 64}}, "value"),
+                        ({"data": {"n" * 201: 1.0}}, "name"), ({"data": {"": 1.0}}, "name"),
+                        ({"kind": ev.LOG, "data": record_fns._nested_dict(9)}, "data")):
+        assert ev.problem({**ok, **change}) == why, change
+    assert ev.problem([ok]) == "event"
+    assert ev.problem({**ok, "kind": ev.LOG, "data": record_fns._nested_dict(7)}) is None
