@@ -516,8 +516,27 @@ class Registry:
         try:
             base = c.execute("SELECT COALESCE(MAX(seq), 0) FROM events WHERE run_id=?",
                              (run_id,)).fetchone()[0]
-            rows = [(run_id, i, int(e.get("rank", -1)), e["kind"], float(e["t"]), e.get("step"),
-                     _encode(e.get("data") or {})) for i, e in enumerate(events, base + 1)]
+            rows = []
+            for i, e in enumerate(events, base + 1):
+                # strict, so that a writer can find the one event it must not write: what SQLite
+                # would take loosely (a text step, a NaN time as NULL) is refused here
+                try:
+                    step, data, t = e.get("step"), e.get("data") or {}, float(e["t"])
+                    if step is not None and (type(step) is not int or abs(step) >= 2 ** 63):
+                        raise TypeError(f"step {step!r:.40}")
+                    if not isinstance(data, dict):
+                        raise TypeError(f"data of type {type(data).__name__}")
+                    if not -1e308 < t < 1e308:  # NaN and the infinities
+                        raise ValueError(f"time {t}")
+                    rows.append((run_id, i, int(e.get("rank", -1)), str(e["kind"]), t, step,
+                                 _encode(data)))
+                except (TypeError, ValueError, KeyError, AttributeError, RecursionError) as exc:
+                    import reprlib
+
+                    raise ValueError(
+                        f"Registry.add_events: event {i - base} of {len(events)} cannot be "
+                        f"recorded ({exc}): {reprlib.repr(e)}; accepted: an int rank, a finite "
+                        "time t, an int step or None, a dict data of JSON values") from None
             c.executemany("INSERT INTO events (run_id, seq, rank, kind, t, step, data) "
                           "VALUES (?,?,?,?,?,?,?)", rows)
             metric = [e for e in events if e["kind"] == "metric"]

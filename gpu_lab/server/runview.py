@@ -7,11 +7,15 @@ memory, and the browser gets at most `points` points per series, each bucket's m
 kept (gpu_lab.stream.history).
 
 Series are per metric, per rank and for the mean over the ranks at each step ("mean"): what the
-view draws. Log files are the run folder's logs/rank<N>.log and logs/supervisor.log, read by byte
+view draws. NaN and infinite values are points of their series (a rank's NaN makes that step's
+mean NaN: a diverging run must show); JSON has neither, so the browser gets them as null in
+`value`, and each series that holds any also lists them in `nonfinite`: [[index, "NaN" |
+"Infinity" | "-Infinity"], ...]. A step that is not an int (an older record) counts as none. Log files are the run folder's logs/rank<N>.log and logs/supervisor.log, read by byte
 offset so that a browser can follow them from where it stopped.
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 import time
@@ -31,6 +35,7 @@ LOG_TAIL_BYTES = 16 * 1024
 LOG_CHUNK_BYTES = 64 * 1024
 NOTES_KEPT = 100         # newest log/error/dropped events sent with a run
 NOTE_KINDS = (ev.LOG, ev.ERROR, ev.DROPPED)
+_NONFINITE = {float("inf"): "Infinity", float("-inf"): "-Infinity"}
 LOG_NAME = re.compile(r"^(rank\d{1,5}|supervisor)\.log$")
 MEAN = "mean"
 
@@ -51,14 +56,12 @@ class MeanByStep:
         self._newest: dict[str, int] = {}
 
     def add(self, step: int | None, t: float, data: dict) -> None:
-        if step is None:
+        if type(step) is not int or not isinstance(t, (int, float)):
             return
-        for name, v in data.items():
-            if not _is_number(v):
-                continue
+        for name, v in ev.numbers(data):
             steps = self._open.setdefault(name, {})
             acc = steps.setdefault(step, [0.0, 0, t])
-            acc[0] += float(v)
+            acc[0] += v
             acc[1] += 1
             acc[2] = max(acc[2], t)
             self._newest[name] = max(self._newest.get(name, step), step)
@@ -85,10 +88,6 @@ class MeanByStep:
                 for name, steps in self._open.items() if steps}
 
 
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
-
-
 def metric_pages(registry: Any, run_id: str, upto: int) -> Iterator[dict]:
     """A run's metric events up to seq `upto`, read PAGE at a time."""
     after = 0
@@ -111,8 +110,8 @@ def fold_series(events: Iterable[dict], ranks: int, points: int, with_ranks: boo
     mean = MeanByStep(ranks, means)
     for e in events:
         if with_ranks:
-            per_rank.add(e["rank"], e.get("step"), e["t"], e["data"])
-        mean.add(e.get("step"), e["t"], e["data"])
+            per_rank.add(e.get("rank"), e.get("step"), e.get("t"), e.get("data"))
+        mean.add(e.get("step"), e.get("t"), e.get("data"))
     if open_means is None:
         mean.flush()
     else:
@@ -136,7 +135,11 @@ def _bounded(steps: list, times: list, values: list, points: int) -> dict[str, l
 
         keep, _ = decimate_minmax(list(range(len(values))), values, max(4, points))
         steps, times, values = ([a[i] for i in keep] for a in (steps, times, values))
-    return {"step": list(steps), "t": [round(t, 3) for t in times], "value": json_safe(values)}
+    out = {"step": list(steps), "t": [round(t, 3) for t in times], "value": json_safe(values)}
+    odd = [[i, _NONFINITE.get(v, "NaN")] for i, v in enumerate(values) if not math.isfinite(v)]
+    if odd:
+        out["nonfinite"] = odd
+    return out
 
 
 # --- one run ----------------------------------------------------------------------------------------
@@ -164,7 +167,8 @@ def detail(registry: Any, run_id: str, points: int = DEFAULT_POINTS) -> dict | N
     # each rank's pid (its first status event): what NVML lists on the GPUs the rank uses
     out["pids"] = {str(e["rank"]): e["data"]["pid"]
                    for e in registry.events(run_id, upto=seq, kinds=[ev.STATUS])
-                   if e["rank"] >= 0 and isinstance(e["data"].get("pid"), int)}
+                   if isinstance(e["data"], dict) and isinstance(e["data"].get("pid"), int)
+                   and isinstance(e["rank"], int) and e["rank"] >= 0}
     out["failure"] = failure(row)
     out["logs"] = [read_log(row.get("run_dir"), name, -1) for name in log_files(row.get("run_dir"))]
     return out
@@ -185,7 +189,7 @@ def events_since(registry: Any, run_id: str, after: int, limit: int = EVENTS_LIM
 
 def event_to_wire(e: dict) -> dict:
     return {"seq": e["seq"], "rank": e["rank"], "kind": e["kind"], "t": round(e["t"], 3),
-            "step": e.get("step"), "data": json_safe(e.get("data") or {})}
+            "step": ev.step_of(e), "data": json_safe(e.get("data") or {})}
 
 
 def failure(row: dict) -> dict | None:

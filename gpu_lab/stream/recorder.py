@@ -2,6 +2,13 @@
 
 Published messages are [run id, {"first": seq, "count": n}, batch, batch, ...]: the batches as
 the ranks sent them, whose events, decoded in order, carry the numbers first, first + 1, ...
+(a batch that held something the record refuses goes out as the list of events that were kept).
+
+Nothing a rank sends can break the record: each event is checked on its own (events.problem); a bad
+one is dropped and counted, and a `dropped` event from rank -1 says how many and why ({"count": 0,
+"refused": n, "why": {reason: n}}). A batch the database refuses for what is in it is split until
+the events it cannot take are found (dropped and counted the same way, as "unwritable"); only a
+database that is locked, busy or failing is retried, in order. No exception ends the loop.
 
 A launched run's recorder is a process of its own, started by the supervisor (`spawn`): the
 supervisor is a fork of the kernel, and SQLite's state does not survive a fork (a forked child that
@@ -23,6 +30,7 @@ never waits for the recorder.
 """
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -48,6 +56,7 @@ class Recorder:
         self._ctx = zmq.Context()
         self._pull = self._ctx.socket(zmq.PULL)
         self._pull.setsockopt(zmq.RCVHWM, 1000)
+        self._pull.setsockopt(zmq.MAXMSGSIZE, ev.MAX_MESSAGE)  # before bind: listeners copy it
         self._pull.setsockopt(zmq.LINGER, 0)
         self.address = f"tcp://127.0.0.1:{self._pull.bind_to_random_port('tcp://127.0.0.1')}"
         self._pub = None
@@ -72,6 +81,10 @@ class Recorder:
         self.write_errors = 0
         self.last_seq = 0
         self.peak_pending = 0
+        self.refused_why: dict[str, int] = {}  # events (or messages) dropped here, by reason
+        self.unwritable = 0    # received, then refused by the database: never written
+        self.loop_errors = 0
+        self._noted = 0        # refusals the record has a note of
         self._thread = threading.Thread(target=self._run, name="gpu_lab-recorder", daemon=True)
         self._thread.start()
 
@@ -89,7 +102,8 @@ class Recorder:
         with self._flushed:
             target = self.received
             return self._flushed.wait_for(
-                lambda: self.written >= target or self._stop.is_set() and not self._pending,
+                lambda: self.written + self.unwritable >= target
+                or self._stop.is_set() and not self._pending,
                 max(0.0, deadline - time.monotonic()))
 
     # --- the thread --------------------------------------------------------------------------------
@@ -98,26 +112,43 @@ class Recorder:
         poller = zmq.Poller()
         poller.register(self._pull, zmq.POLLIN)
         next_write = time.monotonic() + self.interval
+        failing = 0
         while True:
-            stopping = self._stop.is_set()
-            wait = max(0.0, next_write - time.monotonic())
-            room = len(self._pending) < self.max_pending
-            if room and not stopping:
-                ready = dict(poller.poll(int(wait * 1000)))
-                if self._pull in ready:
-                    self._drain()
-            elif not stopping:
-                time.sleep(min(wait, 0.01))  # full: let the socket's queue hold (and drop) the rest
-            if stopping:
-                self._drain(bounded=False)  # the end: take everything that arrived
-            if time.monotonic() >= next_write or stopping:
-                end, self._end = (self._end, None) if stopping else (None, self._end)
-                ok = self._write(end=end)
-                next_write = time.monotonic() + self.interval
-                if stopping and not ok:  # the database refuses: what is left stays counted
+            try:
+                done, next_write = self._tick(poller, next_write)
+                failing = 0
+            except Exception:  # noqa: BLE001 - nothing a rank sends may end the record
+                self.loop_errors += 1
+                failing += 1
+                if failing <= 3:
+                    log.exception("gpu_lab recorder: an unexpected error; recording goes on")
+                if self._stop.is_set() and failing >= 3:
                     break
-            if stopping and not self._pending:
+                time.sleep(min(self.interval, 0.1))  # a fault that repeats must not spin
+                continue
+            if done:
                 break
+
+    def _tick(self, poller: Any, next_write: float) -> tuple[bool, float]:
+        """One turn of the loop: take what arrived, write when it is time. (done, next_write)."""
+        stopping = self._stop.is_set()
+        wait = max(0.0, next_write - time.monotonic())
+        room = len(self._pending) < self.max_pending
+        if room and not stopping:
+            ready = dict(poller.poll(int(wait * 1000)))
+            if self._pull in ready:
+                self._drain()
+        elif not stopping:
+            time.sleep(min(wait, 0.01))  # full: let the socket's queue hold (and drop) the rest
+        if stopping:
+            self._drain(bounded=False)  # the end: take everything that arrived
+        if time.monotonic() >= next_write or stopping:
+            end, self._end = (self._end, None) if stopping else (None, self._end)
+            ok = self._write(end=end)
+            next_write = time.monotonic() + self.interval
+            if stopping and not ok:  # the database refuses: what is left stays counted
+                return True, next_write
+        return stopping and not self._pending, next_write
 
     def _drain(self, bounded: bool = True) -> int:
         """Take batches from the socket until it is empty or (bounded) `max_pending` events wait:
@@ -129,48 +160,100 @@ class Recorder:
                 raw = self._pull.recv(zmq.NOBLOCK)
             except zmq.Again:
                 break
-            try:
-                events = ev.decode(raw)
-            except ValueError:
-                log.warning("gpu_lab recorder: an undecodable batch from a rank was ignored")
+            events, why = ev.checked(raw)
+            if why:
+                self._refused(why, raw[:120])
+            if not events:
                 continue
             with self._lock:
                 self._pending.extend(events)
-                self._frames.append(raw)
+                self._frames.append(events if why else raw)  # as decoded: the numbering holds
                 self.received += len(events)
                 self.peak_pending = max(self.peak_pending, len(self._pending))
             got += len(events)
         return got
 
+    def _refused(self, why: dict[str, int], what: Any) -> None:
+        for reason, n in why.items():
+            if reason not in self.refused_why:
+                log.warning("gpu_lab recorder: refused %d event(s) (%s) from %.120r; further "
+                            "refusals of this kind are only counted", n, reason, what)
+            self.refused_why[reason] = self.refused_why.get(reason, 0) + n
+
+    def _note(self) -> dict | None:
+        """The record's note of the refusals since the last note (cumulative counts), if any."""
+        total = sum(self.refused_why.values())
+        if total == self._noted:
+            return None
+        self._noted = total
+        return ev.make(self.run_id, -1, ev.DROPPED, {
+            "count": 0, "refused": total, "why": dict(self.refused_why),
+            "text": f"the run's recorder refused {total} event(s) that cannot be recorded: "
+                    + ", ".join(f"{n} {k}" for k, n in sorted(self.refused_why.items()))})
+
     def _write(self, end: dict | None = None) -> bool:
         with self._lock:
             batch, self._pending = self._pending, []
             frames, self._frames = self._frames, []
+        extra = [e for e in (self._note(),) if e is not None]
         if end is not None:  # the run's last event; the row ends in the same transaction
-            last = ev.make(self.run_id, -1, ev.STATUS, end)
-            batch.append(last)
-            frames.append([last])
+            extra.append(ev.make(self.run_id, -1, ev.STATUS, end))
+        if extra:
+            batch += extra
+            frames.append(extra)
             with self._lock:
-                self.received += 1
+                self.received += len(extra)
         if not batch:
             with self._flushed:
                 self._flushed.notify_all()
             return True
-        try:
-            seqs = self.registry.add_events(self.run_id, batch, end=end)
-        except Exception as exc:  # noqa: BLE001 - a locked or full database must not stop the run
-            self.write_errors += 1
-            log.warning("gpu_lab recorder: %d events not yet written (%s); retrying", len(batch), exc)
-            if end is not None:
-                batch, frames = batch[:-1], frames[:-1]
-                with self._lock:
-                    self.received -= 1
-            with self._lock:  # retried in order
-                self._pending[:0] = batch
-                self._frames[:0] = frames
-            return False
-        self.last_seq = seqs[-1]
-        if self._pub is not None:
+        return self._commit([(batch, frames)], end)
+
+    def _commit(self, parts: list, end: dict | None) -> bool:
+        """Write (events, frames) parts in order, the run's end with the last. A part the database
+        refuses for its content is halved until its bad events are found and dropped; when the
+        database itself fails, this and the following parts wait for the next write, in order."""
+        parts = collections.deque(parts)
+        while parts:
+            batch, frames = parts.popleft()
+            last = end if not parts else None
+            try:
+                seqs = self.registry.add_events(self.run_id, batch, end=last)
+            except Exception as exc:  # noqa: BLE001 - sorted out below
+                if _database_trouble(exc):
+                    self._retry_later([batch] + [b for b, _ in parts], end, exc)
+                    return False
+                if len(batch) > 1:
+                    half = len(batch) // 2
+                    parts.extendleft([(batch[half:], [batch[half:]]), (batch[:half], [batch[:half]])])
+                    continue
+                self.unwritable += 1
+                self._refused({"unwritable": 1}, f"{batch[0]!r:.120} ({exc})")
+                note = self._note()
+                if note is not None:
+                    with self._lock:
+                        self.received += 1
+                    parts.appendleft(([note], [[note]]))
+                continue
+            self._publish(seqs, batch, frames)
+        return True
+
+    def _retry_later(self, batches: list, end: dict | None, exc: Exception) -> None:
+        events = [e for b in batches for e in b]
+        self.write_errors += 1
+        log.warning("gpu_lab recorder: %d events not yet written (%s); retrying", len(events), exc)
+        if end is not None:  # the end goes again with the last write (the loop hands it over)
+            events = events[:-1]
+            with self._lock:
+                self.received -= 1
+        with self._lock:  # retried in order
+            self._pending[:0] = events
+            self._frames[:0] = [events]
+
+    def _publish(self, seqs: list[int], batch: list, frames: list) -> None:
+        if seqs:
+            self.last_seq = seqs[-1]
+        if self._pub is not None and seqs:
             # the numbers are implied: the events of these frames, decoded in order, are seqs[0],
             # seqs[0] + 1, ...; the ranks' batches travel as they came, without a second encoding
             head = json.dumps({"first": seqs[0], "count": len(batch)}).encode()
@@ -183,7 +266,6 @@ class Recorder:
         with self._flushed:
             self.written += len(batch)
             self._flushed.notify_all()
-        return True
 
     def close(self, end: dict | None = None, quiet: float = 0.2, timeout: float = 10.0) -> None:
         """Take what the ranks still send (until `quiet` s pass without a message), write and
@@ -206,6 +288,13 @@ class Recorder:
     def __repr__(self) -> str:
         return (f"Recorder(run={self.run_id!r}, received={self.received}, written={self.written}, "
                 f"pending={len(self._pending)}, write_errors={self.write_errors})")
+
+
+def _database_trouble(exc: BaseException) -> bool:
+    """A locked, busy, full or failing database (retry), not an event it cannot take (split)."""
+    import sqlite3
+
+    return isinstance(exc, sqlite3.OperationalError) or type(exc) is sqlite3.DatabaseError
 
 
 # --- the recorder process of a launched run ---------------------------------------------------------

@@ -4,7 +4,9 @@
 
 Each run is one trace (the mean over its ranks at each step, or one rank's values), decimated to a
 bounded number of points that keeps each bucket's minimum and maximum. The legend names each run by
-the config fields in which the runs differ.
+the config fields in which the runs differ. NaN and infinite values are points like others (a diverging run shows where it
+diverged; plotly draws them as gaps); a step or value of the wrong type in an older record is
+skipped (a point without an int step is placed by its time).
 """
 from __future__ import annotations
 
@@ -65,16 +67,32 @@ def _row(run: Any, reg: Registry) -> dict:
 
 def _series(reg: Registry, row: dict, metric: str, x: str, rank: int | None) -> tuple[list, list]:
     """(x, y) of one run: the mean over ranks per step (or one rank's points)."""
-    points = reg.metrics(row["id"], metric, rank)
+    try:
+        points = reg.metrics(row["id"], metric, rank)
+    except (AttributeError, TypeError):  # an older record holds a metric event whose data is
+        points = _points(reg, row["id"], metric, rank)  # not a dict: read it event by event
     t0 = row.get("started") or (points[0]["t"] if points else 0.0)
     by_key: dict[Any, list[float]] = {}
     for m in points:
-        if m["value"] is None:
+        value, step, t = m.get("value"), m.get("step"), m.get("t")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
-        key = m["step"] if x == "step" and m["step"] is not None else round(m["t"] - t0, 3)
-        by_key.setdefault(key, []).append(m["value"])
+        if x == "step" and type(step) is int:
+            key = step
+        elif isinstance(t, (int, float)):
+            key = round(t - t0, 3)
+        else:
+            continue
+        by_key.setdefault(key, []).append(float(value))
     keys = sorted(by_key)
     return keys, [sum(by_key[k]) / len(by_key[k]) for k in keys]
+
+
+def _points(reg: Registry, run_id: str, metric: str, rank: int | None) -> list[dict]:
+    return [{"step": e["step"], "t": e["t"], "value": e["data"][metric]}
+            for e in reg.events(run_id, kinds=["metric"])
+            if isinstance(e["data"], dict) and metric in e["data"]
+            and (rank is None or e["rank"] == rank)]
 
 
 __all__ = ["compare"]
