@@ -264,7 +264,9 @@ class Receiver:
         for e in events:
             if e.get("seq"):
                 f.delivered = max(f.delivered, e["seq"])
-            if e.get("kind") == ev.STATUS and e["data"].get("status") not in ev.ACTIVE_STATUSES:
+            data = e.get("data")
+            if e.get("kind") == ev.STATUS and isinstance(data, dict) and \
+                    data.get("status") not in ev.ACTIVE_STATUSES:
                 f.final = True
         self.received += len(events)
         try:
