@@ -210,6 +210,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     registry = Registry()
     run_dir = home() / "runs" / run_id
+    if not run_dir.parent.is_dir():  # runs/: one made here is private too
+        private_dir(run_dir.parent)
     private_dir(run_dir)  # the same folder on every local rank, and after a requeue
     private_dir(run_dir / "logs")
     if config is not None and not Path(config.output_dir).expanduser().exists():

@@ -138,7 +138,8 @@ def launch(fn: Callable, *args: Any, num_processes: int | None = None,
 def _private_run_dir(run_dir: Path) -> None:
     """The run's folder, owner-only (gpu_lab.access): what is made below it later (ranks/,
     errors/, control/, elastic/) is out of other users' reach whatever its own mode."""
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    if not run_dir.parent.is_dir():  # runs/: one made here is private too
+        private_dir(run_dir.parent)
     run_dir.mkdir()  # a fresh id: an existing folder would be another run's
     private_dir(run_dir)
     private_dir(run_dir / "logs")

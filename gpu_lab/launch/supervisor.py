@@ -5,7 +5,9 @@ The supervisor is forked from the kernel (which is still CUDA-free), becomes the
 process group, lets go of the kernel's sockets and output, and calls accelerate's
 notebook_launcher. It owns the run's record: the recorder process it starts receives every rank's
 events, writes them to the registry and publishes them to any subscriber (the launching kernel is
-one).
+one). The run's channel is private: the supervisor hands the recorder the run's keys over its
+stdin and the ranks the client key in their environment (gpu_lab.stream.channel); everything it
+and the ranks write in the run folder is the owner's only (gpu_lab.access).
 notebook_launcher blocks and discards return values; that is fine here, because the supervisor is
 not the kernel: rank 0 writes its return value to a file, each failed rank writes its exception,
 and the supervisor records the final status, with its reason, before it exits.

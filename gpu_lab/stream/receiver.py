@@ -8,6 +8,11 @@ subscription took hold, a slow subscriber's overflow, a run without a publisher 
 job) is read back from the registry: on a gap in the sequence numbers, and about every second
 without live traffic. So a subscriber never sees a gap, however late it attached.
 
+Each connection is a CURVE client of that run's recorder, with that run's key (given to follow(),
+else read from the run's folder; gpu_lab.stream.channel): CURVE options are taken at connect(),
+so one socket holds many runs' keys. A run whose key this process cannot read (another user's) is
+followed through the registry alone, if that can be read; nothing unauthenticated is connected.
+
 It also calls tick callbacks about every 0.25 s so that views can flush what they buffered without
 a timer of their own. Subscribers and ticks run on this thread: they must be quick and must only
 set traits / call batch_update (never `with output:`).

@@ -16,6 +16,10 @@ then publishes the numbered events on its PUB socket, topic = run id. So anythin
 sees live is already durable, and a subscriber that missed some (it connected late, or fell behind
 the PUB socket's high-water mark) reads the gap back from the registry by sequence number.
 
+Both sockets are private to the run (gpu_lab.stream.channel): CURVE servers that admit only
+the run's client key, which its ranks and its owner's readers hold; connections with another key
+are refused before anything they send is read, and counted (`refused`).
+
 Memory is bounded: at most `max_pending` events wait for the database. When the database is slow
 the recorder stops draining its socket; zmq's queues fill, and the Reporters' non-blocking sends
 fail and are counted as dropped by the rank that made them (reported as a `dropped` event). A rank
