@@ -342,8 +342,11 @@ def main() -> None:
                     line += f"; {r['per_cpu_s']:,.0f} events per recorder CPU second"
                 print(line + ")", flush=True)
         report[label] = {"ratio": _summary(label, results), "results": results}
-    cap = _median(report["capacity (feeder)"]["results"], "recorder (CURVE)")
-    print(f"recorder capacity with CURVE {cap:,.0f} events/s: target >= 100,000 "
+    results = report["capacity (feeder)"]["results"]
+    cap = _median(results, "recorder (CURVE)")
+    per_cpu = statistics.median(r["per_cpu_s"] for r in results if r["path"] == "recorder (CURVE)")
+    print(f"recorder capacity with CURVE {cap:,.0f} events/s ({per_cpu:,.0f} per second of its "
+          f"own CPU: the rate it keeps with a core to itself): target >= 100,000 "
           f"{'met' if cap >= 100_000 else 'MISSED'}")
     print(json.dumps({k: {"ratio": v["ratio"], "per_s": [(r["path"], round(r["per_s"]))
                                                         for r in v["results"]]}

@@ -373,6 +373,14 @@ print(json.dumps(out))
 
 
 def test_another_user_can_neither_use_the_channel_nor_read_the_run(users):
+    """The owner (user 1) launches a 2-rank run from a script, with GPU_LAB_HOME in its home;
+    user 2, with the addresses, forges and subscribes (nothing), and cannot read the run's
+    folder, logs, key, result or checkpoints; the owner's attach follows the run live.
+
+    Both users run the test's own interpreter, which lives under /root (mode 0700): the `users`
+    fixture gives the folders on its way the search bit for others (no listing, no reading) for
+    the test's duration and restores their modes after, whatever happens; the owner's home is
+    made 0755 so that what keeps user 2 out is gpu_lab's modes, not the home's."""
     owner, other = users
     home = owner.home / "gpu_lab_home"
     env = owner.env(home)

@@ -196,7 +196,12 @@ class Receiver:
             from .channel import load_client_key
 
             if row is None:
-                row = (f.registry or self.registry).get_run(f.run_id) or {}
+                try:
+                    row = (f.registry or self.registry).get_run(f.run_id) or {}
+                except Exception:  # noqa: BLE001 - a locked database: the next registry check
+                    self.errors += 1  # learns the address (and the key) again
+                    f.address = None
+                    return
             f.key = load_client_key(row.get("run_dir"))
         if f.key is None:
             self.unkeyed += 1
