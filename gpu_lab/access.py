@@ -61,6 +61,12 @@ def private_dir(path: str | os.PathLike) -> Path:
     return p
 
 
+def private_if_new(path: str | os.PathLike) -> Path:
+    """private_dir for a folder made here; one that exists keeps the mode its owner gave it."""
+    p = Path(path)
+    return p if p.is_dir() else private_dir(p)
+
+
 def open_private(path: str | os.PathLike, flags: int) -> int:
     """os.open with the run-file mode, set again on the descriptor (the umask may cut it, and an
     existing file keeps its old mode otherwise)."""

@@ -200,23 +200,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gpu_lab.run_entry: {exc}", file=sys.stderr, flush=True)
         return EXIT_USAGE
 
+    from .access import private_dir, private_if_new
     from .registry import Registry, home
     from .stream import events as ev
     from .stream import reporter as rep
     from .stream.channel import ENV_KEY
     from .stream.recorder import Recorder
 
-    from .access import private_dir
-
     registry = Registry()
     run_dir = home() / "runs" / run_id
-    if not run_dir.parent.is_dir():  # runs/: one made here is private too
-        private_dir(run_dir.parent)
+    private_if_new(run_dir.parent)  # runs/
     private_dir(run_dir)  # the same folder on every local rank, and after a requeue
     private_dir(run_dir / "logs")
-    if config is not None and not Path(config.output_dir).expanduser().exists():
-        # a folder the user made stays as they made it; one made for this job is private
-        private_dir(Path(config.output_dir).expanduser())
+    if config is not None:  # a folder the user made stays as they made it
+        private_if_new(Path(config.output_dir).expanduser())
     def open_row() -> None:
         _open_row(registry, run_id, topo, config, run_dir,
                   args.name or getattr(fn, "__name__", "run"))

@@ -10,7 +10,7 @@ import weakref
 from pathlib import Path
 from typing import Any, Callable
 
-from ..access import private_dir
+from ..access import private_dir, private_if_new
 from ..config import TrainConfig
 from ..registry import Registry, home
 from ..stream.channel import RunKeys, save_client_key
@@ -138,8 +138,7 @@ def launch(fn: Callable, *args: Any, num_processes: int | None = None,
 def _private_run_dir(run_dir: Path) -> None:
     """The run's folder, owner-only (gpu_lab.access): what is made below it later (ranks/,
     errors/, control/, elastic/) is out of other users' reach whatever its own mode."""
-    if not run_dir.parent.is_dir():  # runs/: one made here is private too
-        private_dir(run_dir.parent)
+    private_if_new(run_dir.parent)  # runs/
     run_dir.mkdir()  # a fresh id: an existing folder would be another run's
     private_dir(run_dir)
     private_dir(run_dir / "logs")

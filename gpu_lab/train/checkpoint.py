@@ -33,8 +33,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from ..access import private_dir
-
 log = logging.getLogger(__name__)
 
 FORMAT = "gpu_lab.checkpoint/1"
@@ -144,8 +142,8 @@ def save_checkpoint(root: str | os.PathLike, step: int, files: Mapping[str, Writ
             keep_last=keep_last)
 
     try:
-        if not root.is_dir():  # made here: the owner's only (gpu_lab.access); one that exists
-            private_dir(root)  # keeps the mode its owner gave it
+        from ..access import private_if_new
+        private_if_new(root)  # made here: the owner's only (gpu_lab.access)
     except OSError as e:
         missing = _missing_ancestor(root)
         reason = "missing" if missing is not None else (_storage_reason(e) or "permission")
