@@ -45,8 +45,9 @@ run = args["run"]
 ctx = zmq.Context()
 servers = [None, zmq.curve_keypair()[0].decode()] + ([args["server"]] if args.get("server") else [])
 subs, pushes = [], []
+ends = [(zmq.PUSH, args["push"], pushes)] + ([(zmq.SUB, args["pub"], subs)] if args["pub"] else [])
 for server in servers:
-    for kind, address, out in ((zmq.SUB, args["pub"], subs), (zmq.PUSH, args["push"], pushes)):
+    for kind, address, out in ends:
         s = ctx.socket(kind)
         s.setsockopt(zmq.LINGER, 0)
         if kind == zmq.SUB:
@@ -77,7 +78,7 @@ while time.monotonic() < deadline:
             except zmq.Again:
                 would_block += 1
     time.sleep(0.05)
-for address in (args["push"], args["pub"]):  # not even ZMTP: bytes straight to the port
+for address in filter(None, (args["push"], args["pub"])):  # not even ZMTP: raw bytes
     host, port = address.rsplit("/", 1)[1].rsplit(":", 1)
     try:
         with socket.create_connection((host, int(port)), timeout=5) as c:
@@ -111,7 +112,7 @@ def report_until(go: str, out: str, cfg: TrainConfig | None = None) -> int:
     address and its number of reports into `out`. Rank 0 saves a checkpoint first."""
     from gpu_lab.stream.reporter import get_reporter
 
-    rank = int(os.environ["RANK"])
+    rank = int(os.environ.get("RANK", 0))
     if cfg is not None and rank == 0:
         from gpu_lab.train.checkpoint import checkpoint_dir, save_checkpoint
 
@@ -131,6 +132,12 @@ def report_until(go: str, out: str, cfg: TrainConfig | None = None) -> int:
     get_reporter().flush(5.0)
     Path(out, f"steps{rank}").write_text(str(step))
     return step
+
+
+def headless_target() -> int:
+    """report_until for `python -m gpu_lab.run_entry`, which calls its function without
+    arguments: the files come from the environment."""
+    return report_until(os.environ["TEST_GO"], os.environ["TEST_OUT"])
 
 
 def _assert_record(reg: Registry, run_id: str, steps: dict[int, int]) -> None:
@@ -206,6 +213,39 @@ def test_a_forger_without_the_key_neither_writes_nor_reads_a_run(tmp_path):
     assert "connection(s) with another key refused" in log  # counted, never read
     _assert_private_files(Path(row["run_dir"]), Path(row["output_dir"]))
     print(f"forger: {got}; reports per rank: {steps}")
+
+
+def test_a_headless_rank_records_through_a_key_of_its_own(tmp_path):
+    """run_entry: the rank's recorder (in its own process) makes its own key, which no other
+    process gets; a forger with the address writes nothing into the record."""
+    out, go = tmp_path / "signals", tmp_path / "go"
+    out.mkdir()
+    env = {**os.environ, "TEST_GO": str(go), "TEST_OUT": str(out),
+           "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    for k in ("GPU_LAB_EVENTS", "GPU_LAB_EVENTS_KEY", "RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        env.pop(k, None)
+    rank = subprocess.Popen([sys.executable, "-m", "gpu_lab.run_entry",
+                             "test_record_private:headless_target", "--run-id", "headless-1"],
+                            env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_until(lambda: (out / "address0").exists() or rank.poll() is not None, 120,
+                   what="the headless rank to start")
+        forger = _forger({"run": "headless-1", "push": (out / "address0").read_text(),
+                          "pub": None})
+        assert forger.stdout.readline().strip() == "ready"
+        assert _finish_forger(forger)["received"] == 0
+    finally:
+        go.write_text("")
+        output, _ = rank.communicate(timeout=120)
+    assert rank.returncode == 0, output
+    reg = Registry()
+    events = reg.events("headless-1")
+    assert not [e for e in events if "FORGED" in json.dumps(e) or "forged" in e["data"]]
+    n = int((out / "steps0").read_text())
+    assert [e["step"] for e in events if e["kind"] == "metric"] == list(range(n))
+    assert reg.get_run("headless-1")["status"] == "succeeded"
+    assert _mode(Path(reg.get_run("headless-1")["run_dir"])) == 0o700
 
 
 def _assert_private_files(run_dir: Path, output_dir: Path) -> None:
