@@ -23,6 +23,10 @@ then publishes the numbered events on its PUB socket, topic = run id. So anythin
 sees live is already durable, and a subscriber that missed some (it connected late, or fell behind
 the PUB socket's high-water mark) reads the gap back from the registry by sequence number.
 
+Both sockets are private to the run (gpu_lab.stream.channel): CURVE servers that admit only
+the run's client key, which its ranks and its owner's readers hold; connections with another key
+are refused before anything they send is read, and counted (`refused`).
+
 Memory is bounded: at most `max_pending` events wait for the database. When the database is slow
 the recorder stops draining its socket; zmq's queues fill, and the Reporters' non-blocking sends
 fail and are counted as dropped by the rank that made them (reported as a `dropped` event). A rank
@@ -39,13 +43,18 @@ import time
 from typing import Any
 
 from . import events as ev
+from .channel import ClientKey, Gate, RunKeys
 
 log = logging.getLogger(__name__)
 
 
 class Recorder:
     def __init__(self, registry: Any, run_id: str, *, publish: bool = True,
-                 interval: float = 0.1, max_pending: int = 50_000) -> None:
+                 interval: float = 0.1, max_pending: int = 50_000, keys: RunKeys | None = None,
+                 private: bool = True) -> None:
+        """keys: the run's channel keys (gpu_lab.stream.channel); by default a fresh pair, whose
+        client key (`client_key`) the ranks and readers must hold. private=False: no CURVE, any
+        local process can write and read (only for measuring what the privacy costs)."""
         import zmq
 
         self.registry = registry
@@ -54,19 +63,17 @@ class Recorder:
         self.max_pending = max_pending
         self._zmq = zmq
         self._ctx = zmq.Context()
-        self._pull = self._ctx.socket(zmq.PULL)
-        self._pull.setsockopt(zmq.RCVHWM, 1000)
-        self._pull.setsockopt(zmq.MAXMSGSIZE, ev.MAX_MESSAGE)  # before bind: listeners copy it
-        self._pull.setsockopt(zmq.LINGER, 0)
-        self.address = f"tcp://127.0.0.1:{self._pull.bind_to_random_port('tcp://127.0.0.1')}"
+        self.keys = (keys or RunKeys.new()) if private else None
+        self.client_key: ClientKey | None = self.keys.client if self.keys else None
+        # the ZAP handler runs before any socket binds: without one, CURVE admits any client key
+        self._gate = Gate(self._ctx, self.keys) if self.keys else None
+        self._pull = self._bound(zmq.PULL, zmq.RCVHWM, 1000)
+        self.address = self._pull.last_endpoint.decode()
         self._pub = None
         self.publish_address: str | None = None
-        if publish:
-            self._pub = self._ctx.socket(zmq.PUB)
-            self._pub.setsockopt(zmq.SNDHWM, 10_000)  # a slow subscriber misses, then reads back
-            self._pub.setsockopt(zmq.LINGER, 0)
-            port = self._pub.bind_to_random_port("tcp://127.0.0.1")
-            self.publish_address = f"tcp://127.0.0.1:{port}"
+        if publish:  # a slow subscriber misses, then reads back
+            self._pub = self._bound(zmq.PUB, zmq.SNDHWM, 10_000)
+            self.publish_address = self._pub.last_endpoint.decode()
         self._pending: list[dict] = []
         # what the pending events arrived as: a rank's batch (bytes, published as it came) or
         # events made here (a list, encoded at publishing)
@@ -87,6 +94,22 @@ class Recorder:
         self._noted = 0        # refusals the record has a note of
         self._thread = threading.Thread(target=self._run, name="gpu_lab-recorder", daemon=True)
         self._thread.start()
+
+    def _bound(self, kind: int, hwm_option: int, hwm: int) -> Any:
+        sock = self._ctx.socket(kind)
+        sock.setsockopt(hwm_option, hwm)
+        sock.setsockopt(self._zmq.LINGER, 0)
+        if kind == self._zmq.PULL:  # before bind: a listener copies its options there
+            sock.setsockopt(self._zmq.MAXMSGSIZE, ev.MAX_MESSAGE)
+        if self._gate is not None:
+            self._gate.secure(sock)
+        sock.bind_to_random_port("tcp://127.0.0.1")
+        return sock
+
+    @property
+    def refused(self) -> int:
+        """Connections refused because they held another key (their messages were never read)."""
+        return self._gate.refused if self._gate is not None else 0
 
     # --- input -----------------------------------------------------------------------------------
     def record(self, events: list[dict]) -> None:
@@ -283,6 +306,8 @@ class Recorder:
         for s in (self._pull, self._pub):
             if s is not None:
                 s.close(0)
+        if self._gate is not None:
+            self._gate.close()
         self._ctx.term()
 
     def __repr__(self) -> str:
@@ -301,9 +326,10 @@ def _database_trouble(exc: BaseException) -> bool:
 LOST = "its supervisor process ended without recording a final status"
 
 
-def spawn(registry_path: str, run_id: str, log_path: str) -> tuple[Any, dict]:
+def spawn(registry_path: str, run_id: str, log_path: str, keys: RunKeys) -> tuple[Any, dict]:
     """Start the recorder process of a launched run; returns (Popen, its addresses). Called by the
-    supervisor: `end(proc, status)` tells it the run's end."""
+    supervisor: `end(proc, status)` tells it the run's end. The run's keys go over the process's
+    stdin: never on its command line, which every local user can read."""
     import subprocess
     import sys
     from pathlib import Path
@@ -316,6 +342,11 @@ def spawn(registry_path: str, run_id: str, log_path: str) -> tuple[Any, dict]:
         proc = subprocess.Popen([sys.executable, "-m", "gpu_lab.stream.recorder", registry_path,
                                  run_id], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=log_file, env=env)
+    try:
+        proc.stdin.write((json.dumps({"keys": keys.encode()}) + "\n").encode())
+        proc.stdin.flush()
+    except OSError:  # it died at once: its log says why
+        pass
     line = proc.stdout.readline()
     if not line:
         proc.wait(10)
@@ -347,8 +378,14 @@ def serve(registry_path: str, run_id: str) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # a stop is for the ranks: the
         signal.signal(sig, signal.SIG_IGN)                      # record must outlive them
+    try:
+        keys = RunKeys.decode(json.loads(sys.stdin.readline())["keys"])
+    except (ValueError, KeyError, TypeError) as exc:
+        print(f"gpu_lab recorder: expected the run's keys as the first line of stdin "
+              f"({exc}); it is started by gpu_lab.stream.recorder.spawn", file=sys.stderr)
+        return 2
     reg = Registry(registry_path)
-    rec = Recorder(reg, run_id)
+    rec = Recorder(reg, run_id, keys=keys)
     reg.update(run_id, status="running", events_address=rec.publish_address)
     rec.record([ev.make(run_id, -1, ev.STATUS, {"status": "running"})])
     sys.stdout.write(json.dumps({"address": rec.address, "publish": rec.publish_address}) + "\n")
@@ -369,7 +406,8 @@ def serve(registry_path: str, run_id: str) -> int:
     lost = rec.received - rec.written
     print(f"gpu_lab recorder: run {run_id} {final['status']}: {rec.written} events recorded, "
           f"at most {rec.peak_pending} waiting for the database"
-          + (f"; {lost} could not be written to {registry_path}" if lost else ""),
+          + (f"; {lost} could not be written to {registry_path}" if lost else "")
+          + (f"; {rec.refused} connection(s) with another key refused" if rec.refused else ""),
           file=sys.stderr, flush=True)
     return 0
 

@@ -27,6 +27,7 @@ import time
 from typing import Any
 
 from . import events as ev
+from .channel import ENV_KEY, ClientKey
 
 _MAX_STEP = 2 ** 63
 _short = reprlib.Repr()
@@ -79,8 +80,13 @@ class Reporter:
     """
 
     def __init__(self, address: str | None = None, run_id: str | None = None,
-                 rank: int | None = None, maxlen: int = 20_000, interval: float = 0.1) -> None:
+                 rank: int | None = None, maxlen: int = 20_000, interval: float = 0.1,
+                 key: ClientKey | str | None = None) -> None:
         self.address = address if address is not None else os.environ.get(ev.ENV_ADDRESS)
+        # the run's channel key (a launch sets it with the address); without one, the connection
+        # is plain, which a run's recorder refuses: only for an open recorder (benchmarks)
+        key = key if key is not None or address is not None else (os.environ.get(ENV_KEY) or None)
+        self.key = ClientKey.decode(key) if isinstance(key, (str, bytes)) else key
         self.run_id = run_id if run_id is not None else os.environ.get(ev.ENV_RUN_ID, "")
         self.rank = int(rank if rank is not None else os.environ.get("RANK", 0))
         self.maxlen = maxlen
@@ -203,6 +209,8 @@ class Reporter:
         sock = ctx.socket(zmq.PUSH)
         sock.setsockopt(zmq.SNDHWM, 100)  # batches, not events: a gone kernel costs at most this
         sock.setsockopt(zmq.LINGER, 500)      # at exit, give the last batch half a second at most
+        if self.key is not None:
+            self.key.apply(sock)
         sock.connect(self.address)
         try:
             while True:
