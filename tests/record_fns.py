@@ -19,14 +19,17 @@ REFUSED_AT_RECORDER = {"kind": 2, "t": 2, "step": 2, "rank": 1, "data": 1, "valu
 SPECIAL = {10: math.nan, 11: math.inf, 12: -math.inf}  # step -> the loss reported there
 
 
-def push_raw(messages: list[bytes], address: str | None = None) -> None:
-    """Send messages straight to the run's recorder socket, as any process that knows its address
-    could. The one place that opens such a socket: a channel that needs keys changes only this."""
+def push_raw(messages: list[bytes], address: str | None = None, key: object = None) -> None:
+    """Send messages straight to the run's recorder socket, as a rank's own code could: with the
+    run's key from the rank's environment (a process without it is refused: test_record_private)."""
     import zmq
+
+    from gpu_lab.stream.channel import ENV_KEY, ClientKey
 
     ctx = zmq.Context()
     sock = ctx.socket(zmq.PUSH)
     sock.setsockopt(zmq.LINGER, 5000)
+    (key or ClientKey.decode(os.environ[ENV_KEY])).apply(sock)
     sock.connect(address or os.environ[ENV_ADDRESS])
     for m in messages:
         sock.send(m)

@@ -187,7 +187,8 @@ def test_the_recorder_survives_whatever_arrives_and_keeps_the_good(tmp_path):
     reg, rec = _recorder(tmp_path, "raw")
     try:
         msgs = record_fns.raw_messages(0, "raw")
-        record_fns.push_raw(msgs + [json.dumps(_metric(5)).encode()], rec.address)
+        record_fns.push_raw(msgs + [json.dumps(_metric(5)).encode()], rec.address,
+                            rec.client_key)
         wait_until(lambda: sum(rec.refused_why.values()) >= 11 and rec.written >= 2, 20,
                    what="the recorder to take every message")
         assert rec._thread.is_alive()
@@ -205,7 +206,8 @@ def test_report_refuses_counts_and_tells_once_per_kind(tmp_path, capsys):
     import numpy as np
 
     reg, rec = _recorder(tmp_path, "rep")
-    rep = Reporter(address=rec.address, run_id="rep", rank=2, interval=0.01)
+    rep = Reporter(address=rec.address, run_id="rep", rank=2, interval=0.01,
+                   key=rec.client_key)
     try:
         for step in ("1", 1.5, -3, True, np.float64(2.0), 2 ** 70, object()):
             rep.report(step, loss=1.0)  # never raises
