@@ -19,22 +19,25 @@ SHARE_GROUP = "GPU_LAB_SHARE_GROUP"
 
 
 def share_gid() -> int | None:
-    """The group named by GPU_LAB_SHARE_GROUP, or None (private to the owner)."""
-    name = os.environ.get(SHARE_GROUP, "").strip()
-    if not name:
+    """The group named by GPU_LAB_SHARE_GROUP (a name or a number), or None (private to the owner).
+    The one reading of the setting: run folders and the registry both ask here."""
+    raw = os.environ.get(SHARE_GROUP, "").strip()
+    if not raw:
         return None
     try:
-        return grp.getgrnam(name).gr_gid
+        return grp.getgrgid(int(raw)).gr_gid if raw.isdigit() else grp.getgrnam(raw).gr_gid
     except KeyError:
-        pass
-    if name.isdigit():
-        try:
-            return grp.getgrgid(int(name)).gr_gid
-        except KeyError:
-            pass
-    raise ValueError(f"{SHARE_GROUP}={name!r}: no such group on this host; set it to a group you "
-                     f"belong to (`id -Gn` lists them) to share runs with it, or unset it to keep "
-                     f"runs readable by you only")
+        mine = sorted({group_name(g) for g in {os.getegid(), *os.getgroups()}})
+        raise ValueError(f"{SHARE_GROUP}={raw!r}: no such group on this host; accepted: the name "
+                         f"or id of a group you are in ({', '.join(mine)}; `id -Gn` lists them), "
+                         "or unset it to keep runs and the registry readable by you only") from None
+
+
+def group_name(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
 
 
 def dir_mode() -> int:

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 from urllib.parse import quote
 
+from .access import SHARE_GROUP, group_name, share_gid
 from .stream.events import ACTIVE_STATUSES as ACTIVE
 from .stream.events import STATUSES
 
@@ -95,7 +96,6 @@ _VERSION = zlib.crc32((_SCHEMA + repr(_ADDED)).encode()) & 0x7FFFFFFF
 _SIDE_FILES = ("", "-wal", "-shm", ".lock")
 _NOTED: set[str] = set()  # registries already noted as read-only in this process
 
-SHARE_ENV = "GPU_LAB_SHARE_GROUP"
 CHECKPOINT_BYTES = 32 * 2**20      # the writer checkpoints (TRUNCATE) a WAL bigger than this
 JOURNAL_SIZE_LIMIT = 16 * 2**20    # what SQLite truncates a WAL to when it restarts it itself
 _CHECKPOINT_WAIT_MS = 1000         # how long a checkpoint waits for readers to move on
@@ -136,35 +136,10 @@ def home() -> Path:
     return p
 
 
-def share_group() -> int | None:
-    """The group id named by GPU_LAB_SHARE_GROUP (a group name or number); None when unset."""
-    import grp
-
-    raw = os.environ.get(SHARE_ENV, "").strip()
-    if not raw:
-        return None
-    try:
-        return grp.getgrgid(int(raw)).gr_gid if raw.isdigit() else grp.getgrnam(raw).gr_gid
-    except KeyError:
-        mine = sorted({_group_name(g) for g in {os.getegid(), *os.getgroups()}})
-        raise ValueError(f"{SHARE_ENV}: got {raw!r}, which is no group on this host; accepted: "
-                         f"the name or id of a group you are in ({', '.join(mine)}), or unset "
-                         "for a private registry") from None
-
-
-def _group_name(gid: int) -> str:
-    import grp
-
-    try:
-        return grp.getgrgid(gid).gr_name
-    except KeyError:
-        return str(gid)
-
-
 def _modes() -> tuple[int, int, int | None]:
     """(folder mode, file mode, group id): private, or shared with GPU_LAB_SHARE_GROUP's group
     (setgid on the folder, so files made in it later get the group too)."""
-    gid = share_group()
+    gid = share_gid()
     return (0o700, 0o600, None) if gid is None else (0o2770, 0o660, gid)
 
 
@@ -184,9 +159,9 @@ def _fix_mode(p: Path, mode: int, gid: int | None) -> None:
             os.chmod(p, mode)  # after chown: a chown clears the setgid bit
     except PermissionError:
         if gid is not None:
-            raise ValueError(f"{SHARE_ENV}={_group_name(gid)}: {p} cannot be given to that group; "
+            raise ValueError(f"{SHARE_GROUP}={group_name(gid)}: {p} cannot be given to that group; "
                              "you must be a member of it (see `id`), or unset "
-                             f"{SHARE_ENV}") from None
+                             f"{SHARE_GROUP}") from None
     except OSError as e:
         if e.errno != errno.EROFS:
             raise

@@ -277,7 +277,8 @@ def test_private_folders_and_files_ignore_the_umask_and_share_through_a_group(tm
         assert _mode(shared / "f") == 0o660
         monkeypatch.setenv(SHARE_GROUP, "no-such-group-here")
         with pytest.raises(ValueError, match="GPU_LAB_SHARE_GROUP='no-such-group-here': no such "
-                                             "group on this host; set it to a group you belong"):
+                                             "group on this host; accepted: the name or id of a "
+                                             "group you are in"):
             private_dir(tmp_path / "x")
     finally:
         os.umask(old)
