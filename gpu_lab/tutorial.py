@@ -173,6 +173,11 @@ def _number(name: str, value: Any) -> float:
     return float(value)
 
 
+def _fmt(x: float) -> str:
+    """3 significant digits, without an exponent for the sizes a table shows (3,046 not 3.05e+03)."""
+    return f"{x:,.0f}" if 1e3 <= abs(x) < 1e9 else f"{x:.3g}"
+
+
 def _samples(name: str, values: Sequence[float]) -> list[float]:
     vals = [_number(name, v) for v in values]
     if len(vals) < 2:
@@ -200,14 +205,14 @@ def at_least(measured: float, threshold: float, why: str, unit: str = "") -> Ver
     measurement reaches `threshold`, chosen (and explained in `why`) above the noise."""
     measured, threshold = _number("measured", measured), _number("threshold", threshold)
     label = HOLDS if measured >= threshold else FAILS
-    return Verdict(label, f"{measured:.3g}{unit} against a threshold of {threshold:.3g}{unit}: {why}")
+    return Verdict(label, f"{_fmt(measured)}{unit} against a threshold of {_fmt(threshold)}{unit}: {why}")
 
 
 def at_most(measured: float, threshold: float, why: str, unit: str = "") -> Verdict:
     """The mirror of `at_least`: HOLDS when the measurement stays at or below `threshold`."""
     measured, threshold = _number("measured", measured), _number("threshold", threshold)
     label = HOLDS if measured <= threshold else FAILS
-    return Verdict(label, f"{measured:.3g}{unit} against a limit of {threshold:.3g}{unit}: {why}")
+    return Verdict(label, f"{_fmt(measured)}{unit} against a limit of {_fmt(threshold)}{unit}: {why}")
 
 
 def spread(values: Sequence[float]) -> tuple[float, float]:

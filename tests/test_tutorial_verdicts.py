@@ -12,7 +12,7 @@ import pytest
 from gpu_lab import tutorial as t
 
 ROOT = Path(__file__).resolve().parents[1]
-VERDICT_NOTEBOOKS = ["07_tuning"]
+VERDICT_NOTEBOOKS = ["07_tuning", "11_diffusion_finetune", "12_case_studies"]
 VERDICT_FUNCTIONS = {"ratio_verdict", "at_least", "at_most", "gain", "follows", "equivalent",
                      "arithmetic", "needs_gpu", "not_attempted"}
 
