@@ -103,14 +103,11 @@ class ClaimTable:
 
 def verdict(measured: float, claimed: float, tolerance: float = 0.25,
             higher_is_better: bool = True) -> str:
-    """'holds' / 'does not hold here' / 'exceeds' for a measured ratio against a claimed one."""
+    """'holds' / 'does not hold here' / 'exceeds' for a measured ratio against a claimed one: the
+    label of `ratio_verdict` (which also gives the reason)."""
     if claimed == 0:
         return "n/a"
-    rel = measured / claimed
-    if abs(rel - 1) <= tolerance:
-        return "holds"
-    better = rel > 1 if higher_is_better else rel < 1
-    return "exceeds the claim" if better else "does not hold here"
+    return ratio_verdict(measured, claimed, tolerance, higher_is_better).label
 
 
 def show(obj: Any) -> Any:
@@ -273,9 +270,10 @@ def arithmetic(why: str) -> Verdict:
     return Verdict(ARITHMETIC, why)
 
 
-def needs_gpu(why: str) -> Verdict:
-    """A claim only a GPU can decide (quick mode); full mode measures it instead."""
-    return Verdict(NEEDS_GPU, why + "; full mode measures it")
+def needs_gpu(why: str, where: str = "full mode measures it") -> Verdict:
+    """A claim only a GPU can decide, with `where` it is measured (by default this notebook's full
+    mode, which then calls a measuring verdict instead)."""
+    return Verdict(NEEDS_GPU, f"{why}; {where}")
 
 
 def not_attempted(why: str) -> Verdict:

@@ -26,6 +26,7 @@ def test_ratio_verdict_fails_a_speed_up_below_the_claim():
     assert t.ratio_verdict(9.0, 5.7).label == t.EXCEEDS
     assert t.ratio_verdict(9.0, 5.7, higher_is_better=False).label == t.FAILS
     assert "±25%" in str(t.ratio_verdict(5.5, 5.7))
+    assert t.verdict(1.3, 5.7) == t.FAILS and t.verdict(1.0, 0) == "n/a"  # the label alone (02, 03)
 
 
 def test_at_least_fails_below_its_threshold_and_says_why():
