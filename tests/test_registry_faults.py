@@ -296,13 +296,16 @@ def test_the_writer_keeps_the_wal_bounded_under_a_holding_reader(tmp_path, monke
     reader, stop = Registry(path), threading.Event()
     reads = []
 
-    def read() -> None:  # holds a read transaction open across several of the writer's batches
+    def read() -> None:
+        # holds a read transaction across several of the writer's batches, half the time, as a
+        # busy server's polls would; one never let go starves any checkpoint (SQLite's limit)
         c = reader._conn()
         while not stop.is_set():
             c.execute("BEGIN")
             reads.append(len(reader.events("r", after=max(0, reader.last_seq("r") - 100))))
             stop.wait(0.05)
             c.execute("COMMIT")
+            stop.wait(0.05)
 
     t = threading.Thread(target=read)
     t.start()
