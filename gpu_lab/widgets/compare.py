@@ -2,8 +2,9 @@
 
     gpu_lab.compare(gpu_lab.runs(name="lr-sweep"), metric="loss", x="step")
 
-Each run is one trace (the mean over its ranks at each step, or one rank's values), decimated to a
-bounded number of points that keeps each bucket's minimum and maximum. The legend names each run by
+Each run is one trace (the mean over its ranks, or one rank's values) of at most `max_points`
+points, read from the registry's downsampled levels: each bucket's minimum and maximum are exact,
+and the cost is that of the points drawn, not of the run's length. The legend names each run by
 the config fields in which the runs differ.
 """
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any, Iterable
 
 from ..config import config_diff
 from ..registry import Registry
-from ..stream.history import decimate_minmax
+from ..stream import levels
 
 X_AXES = ("step", "time")
 
@@ -32,8 +33,7 @@ def compare(runs: Iterable[Any], metric: str = "loss", x: str = "step", *, rank:
     differ = config_diff([r.get("config") for r in rows])
     fig = go.Figure()
     for row in rows:
-        xs, ys = _series(reg, row, metric, x, rank)
-        xs, ys = decimate_minmax(xs, ys, max_points) if len(xs) > max_points else (xs, ys)
+        xs, ys = _series(reg, row, metric, x, rank, max_points)
         cfg = row.get("config") or {}
         label = ", ".join(f"{k}={cfg.get(k)}" for k in differ) or row.get("name") or row["id"]
         fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=label,
@@ -63,18 +63,22 @@ def _row(run: Any, reg: Registry) -> dict:
     return reg.find_run(run_id)
 
 
-def _series(reg: Registry, row: dict, metric: str, x: str, rank: int | None) -> tuple[list, list]:
-    """(x, y) of one run: the mean over ranks per step (or one rank's points)."""
-    points = reg.metrics(row["id"], metric, rank)
-    t0 = row.get("started") or (points[0]["t"] if points else 0.0)
-    by_key: dict[Any, list[float]] = {}
-    for m in points:
-        if m["value"] is None:
-            continue
-        key = m["step"] if x == "step" and m["step"] is not None else round(m["t"] - t0, 3)
-        by_key.setdefault(key, []).append(m["value"])
-    keys = sorted(by_key)
-    return keys, [sum(by_key[k]) / len(by_key[k]) for k in keys]
+def _series(reg: Registry, row: dict, metric: str, x: str, rank: int | None,
+            points: int) -> tuple[list, list]:
+    """(x, y) of one run: the mean over ranks (or one rank's points), at most `points` points, from
+    the registry's downsampled levels (each bucket's min and max exact)."""
+    snap = reg.series(row["id"], points, names=[metric],
+                      ranks=None if rank is None else [rank])
+    if rank is None:
+        steps, times, values = levels.mean_of_ranks(list(snap.series.values()), points)
+    else:
+        p = snap.series.get((rank, metric))
+        steps, times, values = (p.steps, p.times, p.values) if p else ([], [], [])
+    if x == "step":
+        return list(steps), list(values)
+    t0 = row.get("started") or (times[0] if times else 0.0)
+    pairs = sorted(zip((round(t - t0, 3) for t in times), values))
+    return [a for a, _ in pairs], [b for _, b in pairs]
 
 
 __all__ = ["compare"]
