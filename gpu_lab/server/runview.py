@@ -6,8 +6,9 @@ extension's thread pool. A run's series come from the registry's downsampled lev
 cost, not the run's length: the browser gets at most `points` points per series, each bucket's
 minimum and maximum exact. The notes are the newest NOTES_KEPT, read through an index.
 
-Series are per metric, per rank and for the mean over the ranks ("mean"): what the view draws. Log files are the run folder's logs/rank<N>.log and logs/supervisor.log, read by byte
-offset so that a browser can follow them from where it stopped.
+Series are per metric, per rank and for the mean over the ranks ("mean"): what the view draws.
+Log files are the run folder's logs/rank<N>.log and logs/supervisor.log, read by byte offset so
+that a browser can follow them from where it stopped.
 """
 from __future__ import annotations
 

@@ -3,12 +3,13 @@
 Contract:
 - Written in the transaction that writes the events (Registry.add_events calls `record`), so the
   levels never disagree with the events, whoever writes them (a recorder, a headless rank).
-- A series is one metric of one rank of one run (table `series`, which also holds its point count
-  and its name once). Level k >= 1 has buckets of F**k consecutive points of the series; each
-  bucket row holds the count, the first, the minimum, the maximum and the last point (step, time,
-  value) and the sum. The newest bucket of each level is open and is rewritten as points arrive.
-  Level 0 holds the raw points while the series has at most RAW_KEEP of them (then level 1 already
-  gives RAW_KEEP / 8 points, and level 0 is dropped).
+- A series is one metric of one rank of one run (table `series`: its name, once, and its point
+  count). Level k >= 1 has buckets of F**k consecutive points of the series; each bucket holds the
+  count, the first, the minimum, the maximum and the last point (step, time, value) and the sum.
+  The newest bucket of each level is open and is rewritten as points arrive. Level 0 holds the raw
+  points while the series has at most RAW_KEEP of them (then level 1 already gives >= 2 * RAW_KEEP
+  / F points, and level 0 is dropped). Buckets are packed CHUNK to a row (a blob of float64
+  records), so a transaction rewrites a few rows per series, whatever the batch.
 - `read` answers with at most `points` points per series from the coarsest level that still gives
   >= `points` (each bucket gives its min and max), in time and memory bounded by `points`, not by
   the series' length. Each bucket's minimum and maximum are exact, so a spike never disappears.
@@ -17,16 +18,19 @@ Contract:
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import sqlite3
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
-F = 16              # points per bucket grow by this factor from one level to the next
-LEVELS = 5          # buckets of 16 .. 1,048,576 points
-RAW_KEEP = 16_384   # raw points kept per series (level 0) while the series is no longer than this
+F = 32              # points per bucket grow by this factor from one level to the next
+LEVELS = 4          # buckets of 32, 1,024, 32,768 and 1,048,576 points
+RAW_KEEP = 32_768   # raw points kept per series (level 0) while it holds no more than this
+CHUNK = (512, 64)   # records per row: raw points (level 0), buckets (levels >= 1)
 BACKFILL_PAGE = 20_000
+_SPAN = 1 << 44     # series j's bucket b is j * _SPAN + b while all series are merged at once
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS series (
@@ -38,19 +42,20 @@ CREATE TABLE IF NOT EXISTS series (
     UNIQUE (run_id, rank, name)
 );
 CREATE TABLE IF NOT EXISTS levels (
-    sid INTEGER NOT NULL, level INTEGER NOT NULL, bucket INTEGER NOT NULL,
-    n, s0, smin, smax, s1, t0, v0, tmin, vmin, tmax, vmax, t1, v1, vsum,
-    PRIMARY KEY (sid, level, bucket)
+    sid INTEGER NOT NULL,
+    level INTEGER NOT NULL,
+    chunk INTEGER NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (sid, level, chunk)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS level_runs (run_id TEXT PRIMARY KEY) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS events_notes ON events (run_id, kind, seq) WHERE kind <> 'metric';
 """
 
-# columns of a bucket row, in the table's order after (sid, level, bucket)
-N, S0, SMIN, SMAX, S1, T0, V0, TMIN, VMIN, TMAX, VMAX, T1, V1, VSUM = range(14)
+# fields of a bucket record (float64 each); a raw point is (step, time, value)
+N, S0, T0, V0, SMIN, TMIN, VMIN, SMAX, TMAX, VMAX, S1, T1, V1, VSUM = range(14)
 FIRST, LOW, HIGH, LAST = (S0, T0, V0), (SMIN, TMIN, VMIN), (SMAX, TMAX, VMAX), (S1, T1, V1)
-STEPS = (N, S0, SMIN, SMAX, S1)
-COLS = ("n, s0, smin, smax, s1, t0, v0, tmin, vmin, tmax, vmax, t1, v1, vsum")
+WIDTH = (3, 14)
 
 
 @dataclass
@@ -63,7 +68,7 @@ class Points:
     steps: list = field(default_factory=list)
     times: list = field(default_factory=list)
     values: list = field(default_factory=list)
-    # the level's whole envelope, before decimation to `points` (what the mean over ranks uses)
+    # the level's whole envelope (numpy arrays), before decimation: what the mean over ranks uses
     env: tuple = ((), (), ())
 
 
@@ -74,7 +79,7 @@ class Snapshot:
     series: dict  # (rank, name) -> Points
 
 
-# --- writing ---------------------------------------------------------------------------------------
+# --- writing ------------------------------------------------------------------------------------
 def record(c: sqlite3.Connection, run_id: str, events: Sequence[dict], base: int) -> None:
     """Fold these events (numbered from base + 1) into the run's levels; inside add_events'
     transaction. A run whose first events were written without levels is left to `read`."""
@@ -86,72 +91,199 @@ def record(c: sqlite3.Connection, run_id: str, events: Sequence[dict], base: int
 
 
 def _fold(c: sqlite3.Connection, run_id: str, events: Iterable[dict]) -> None:
-    points: dict[tuple[int, str], tuple[list, list, list]] = {}
-    for e in events:
-        if e["kind"] != "metric":
-            continue
-        rank, step, t = int(e.get("rank", -1)), e.get("step"), float(e["t"])
-        for k, v in (e.get("data") or {}).items():
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
-                p = points.get((rank, k))
-                if p is None:
-                    p = points[(rank, k)] = ([], [], [])
-                p[0].append(step)
-                p[1].append(t)
-                p[2].append(float(v))
+    import numpy as np
+
+    points = _columns(events)
     if not points:
         return
     known = {(r[0], r[1]): (r[2], r[3]) for r in c.execute(
         "SELECT rank, name, id, count FROM series WHERE run_id=?", (run_id,))}
+    items = []
     for key, (steps, times, values) in points.items():
         sid, count = known.get(key) or (None, 0)
         if sid is None:
             sid = c.execute("INSERT INTO series (run_id, rank, name, count) VALUES (?,?,?,0)",
                             (run_id, *key)).lastrowid
-        _append(c, sid, count, steps, times, values)
-        c.execute("UPDATE series SET count=? WHERE id=?", (count + len(values), sid))
+        pts = np.column_stack((steps, times, values))
+        gaps = np.isnan(pts[:, 0])
+        if gaps.any():  # a point without a step sits at its index, as in MetricHistory
+            pts[gaps, 0] = count + np.flatnonzero(gaps)
+        items.append((sid, count, pts))
+    out: list[tuple] = []
+    _raw(c, items, out)
+    _levels(c, items, out)
+    c.executemany("INSERT OR REPLACE INTO levels (sid, level, chunk, data) VALUES (?,?,?,?)", out)
+    c.executemany("UPDATE series SET count=? WHERE id=?",
+                  [(count + len(pts), sid) for sid, count, pts in items])
 
 
-def _append(c: sqlite3.Connection, sid: int, count: int, steps: list, times: list,
-            values: list) -> None:
+def _columns(events: Iterable[dict]) -> dict:
+    """{(rank, name): (steps, times, values)} float arrays of the metric events' numbers, in order.
+    A rank's events that all carry the same metric names (nearly always) become columns in a few
+    passes in C; others go event by event."""
+    metric = [e for e in events if e["kind"] == "metric"]
+    ranks = [e.get("rank", -1) for e in metric]
+    out: dict = {}
+    for rank in set(ranks):
+        evs = metric if len(set(ranks)) == 1 else [e for e, r in zip(metric, ranks) if r == rank]
+        datas = [e.get("data") or {} for e in evs]
+        steps, times = _floats(evs, "step"), _floats(evs, "t")
+        names = list(datas[0])
+        flat = list(itertools.chain.from_iterable(datas))  # every event's names, in order
+        if flat == names * len(datas):
+            for name, col in _numeric(tuple(names), datas):
+                out[(int(rank), name)] = (steps, times, col)
+        else:
+            out.update(_mixed(int(rank), datas, steps, times))
+    return out
+
+
+def _mixed(rank: int, datas: list, steps: Any, times: Any) -> dict:
+    """Columns of events that carry different metrics: each metric's points where it appears."""
     import numpy as np
 
-    m = len(values)
-    # a point without a step is placed at its index in the series, as MetricHistory does
-    s = np.array([count + i if st is None else st for i, st in enumerate(steps)], dtype=float)
-    t, v = np.asarray(times, dtype=float), np.asarray(values, dtype=float)
-    rows = np.empty((m, 14))
-    rows[:, N] = 1
-    for cols in (FIRST, LOW, HIGH, LAST):
-        rows[:, cols[0]], rows[:, cols[1]], rows[:, cols[2]] = s, t, v
-    rows[:, VSUM] = v
-    idx = np.arange(count, count + m)
-    out: list[tuple] = []
-    if count + m <= RAW_KEEP:  # raw points: step, time, value only
-        raw = [(sid, i, r[S0], r[T0], r[V0]) for i, r in zip(idx.tolist(), _sql_rows(rows))]
-        c.executemany("INSERT OR REPLACE INTO levels (sid, level, bucket, s0, t0, v0) "
-                      "VALUES (?,0,?,?,?,?)", raw)
-    elif count < RAW_KEEP:
-        c.execute("DELETE FROM levels WHERE sid=? AND level=0", (sid,))
+    out = {}
+    for name in dict.fromkeys(itertools.chain.from_iterable(datas)):
+        at = [i for i, d in enumerate(datas) if _is_number(d.get(name))]
+        if at:
+            out[(rank, name)] = (steps[at], times[at],
+                                 np.array([datas[i][name] for i in at], dtype=float))
+    return out
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _floats(evs: list, key: str) -> Any:
+    """Each event's `key` as a float array; a missing step is NaN (placed by `_fold`)."""
+    import operator
+
+    import numpy as np
+
+    try:
+        return np.fromiter(map(operator.itemgetter(key), evs), dtype=float, count=len(evs))
+    except (KeyError, TypeError, ValueError):
+        return np.array([np.nan if e.get(key) is None else float(e[key]) for e in evs])
+
+
+def _numeric(names: tuple, datas: list) -> Iterable[tuple]:
+    """(name, values) of each metric that holds numbers (booleans and text are not metrics), for
+    events that all carry these names in this order."""
+    import numpy as np
+
+    if all(type(v) in (int, float) for v in datas[0].values()):
+        try:  # one pass in C over every value (a later bool would count as 0 / 1)
+            flat = np.fromiter(itertools.chain.from_iterable(map(dict.values, datas)),
+                               dtype=float, count=len(datas) * len(names))
+            arr = flat.reshape(len(datas), len(names))
+            for j, name in enumerate(names):
+                yield name, arr[:, j]
+            return
+        except (TypeError, ValueError):
+            pass
+    for name in names:  # mixed types: value by value, as MetricHistory.add does
+        col = [d[name] for d in datas]
+        if all(_is_number(v) for v in col):
+            yield name, np.asarray(col, dtype=float)
+
+
+def _raw(c: sqlite3.Connection, items: list, out: list) -> None:
+    """Level 0: each short series' raw points; a series outgrowing RAW_KEEP loses them."""
+    for sid, count, pts in items:
+        if count + len(pts) > RAW_KEEP:
+            if count <= RAW_KEEP:  # long enough for level 1 from now on
+                c.execute("DELETE FROM levels WHERE sid=? AND level=0", (sid,))
+            continue
+        _splice(c, sid, 0, [count], pts, out)
+
+
+def _levels(c: sqlite3.Connection, items: list, out: list) -> None:
+    """Levels 1..LEVELS of all these series: the new points are merged into partial buckets level
+    by level (all series at once), then spliced into each series' newest chunk."""
+    import numpy as np
+
+    pts = np.concatenate([it[2] for it in items])
+    ids = np.concatenate([j * _SPAN + np.arange(count, count + len(p))
+                          for j, (_, count, p) in enumerate(items)])
+    ids, part = _from_points(pts, (ids // _SPAN) * _SPAN + (ids % _SPAN) // F)
     for k in range(1, LEVELS + 1):
-        size = F ** k
-        ids, block = idx // size, rows
-        if count % size:  # the open bucket goes first, merged with the new points
-            old = c.execute(f"SELECT {COLS} FROM levels WHERE sid=? AND level=? AND bucket=?",
-                            (sid, k, count // size)).fetchone()
-            if old is not None:
-                block = np.vstack((np.array([old], dtype=float), rows))
-                ids = np.concatenate(([count // size], ids))
-        buckets, merged = merge(block, ids)
-        out += [(sid, k, b, *r) for b, r in zip(buckets.tolist(), _sql_rows(merged))]
-    c.executemany(f"INSERT OR REPLACE INTO levels (sid, level, bucket, {COLS}) "
-                  f"VALUES ({','.join('?' * 17)})", out)
+        if k > 1:
+            ids, part = merge(part, (ids // _SPAN) * _SPAN + (ids % _SPAN) // F)
+        owner = ids // _SPAN
+        cut = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1], True])
+        for a, b in zip(cut[:-1], cut[1:]):
+            sid, count, _ = items[int(owner[a])]
+            _splice(c, sid, k, (ids[a:b] % _SPAN).tolist(), part[a:b], out)
+
+
+def _splice(c: sqlite3.Connection, sid: int, level: int, ids: list, recs: Any,
+            out: list) -> None:
+    """Write records `recs` of buckets `ids` (ascending, consecutive; at level 0 the first raw
+    point's index) into the level's chunks: an open bucket's record merges with the first new
+    one."""
+    import numpy as np
+
+    size, width = CHUNK[level > 0], WIDTH[level > 0]
+    chunk = ids[0] // size
+    old = c.execute("SELECT data FROM levels WHERE sid=? AND level=? AND chunk=?",
+                    (sid, level, chunk)).fetchone()
+    have = np.frombuffer(old[0]).reshape(-1, width) if old is not None else np.empty((0, width))
+    if level and len(have) and chunk * size + len(have) - 1 == ids[0]:
+        recs = np.vstack((combine(have[-1], recs[0]), recs[1:]))
+        have = have[:-1]
+    block = np.vstack((have, recs))
+    for i in range(0, len(block), size):
+        out.append((sid, level, chunk + i // size, block[i:i + size].tobytes()))
+
+
+def _from_points(pts: Any, ids: Any) -> tuple[Any, Any]:
+    """Bucket records of raw (step, time, value) points, whose bucket ids ascend."""
+    import numpy as np
+
+    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+    ends = np.r_[starts[1:], len(ids)] - 1
+    group = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(ids)]))
+    v = pts[:, 2]
+    out = np.empty((len(starts), 14))
+    out[:, N] = ends - starts + 1
+    out[:, VSUM] = np.add.reduceat(v, starts)
+    out[:, S0:V0 + 1] = pts[starts]
+    out[:, S1:V1 + 1] = pts[ends]
+    out[:, SMIN:VMIN + 1] = pts[_first_extreme(v, starts, group, np.fmin)]
+    out[:, SMAX:VMAX + 1] = pts[_first_extreme(v, starts, group, np.fmax)]
+    return ids[starts], out
+
+
+def _first_extreme(v: Any, starts: Any, group: Any, reduce: Any) -> Any:
+    """Index of the first minimum (np.fmin) or maximum (np.fmax) of each group, NaN ignored; a
+    group of NaNs: its first point."""
+    import numpy as np
+
+    hit = np.flatnonzero(v == reduce.reduceat(v, starts)[group])
+    g = group[hit]
+    first = np.r_[True, g[1:] != g[:-1]]
+    out = starts.copy()
+    out[g[first]] = hit[first]
+    return out
+
+
+def combine(a: Any, b: Any) -> Any:
+    """One bucket record from two consecutive ones (a before b)."""
+    r = a.copy()
+    r[N], r[VSUM] = a[N] + b[N], a[VSUM] + b[VSUM]
+    r[S1:V1 + 1] = b[S1:V1 + 1]
+    if b[VMIN] < a[VMIN] or (a[VMIN] != a[VMIN] and b[VMIN] == b[VMIN]):  # NaN loses
+        r[SMIN:VMIN + 1] = b[SMIN:VMIN + 1]
+    if b[VMAX] > a[VMAX] or (a[VMAX] != a[VMAX] and b[VMAX] == b[VMAX]):
+        r[SMAX:VMAX + 1] = b[SMAX:VMAX + 1]
+    return r
 
 
 def merge(rows: Any, ids: Any) -> tuple[Any, Any]:
-    """Rows of consecutive buckets (ids ascending) merged into one row per bucket id: counts and
-    sums added, the first row's first point, the last row's last, the lowest minimum and the
-    highest maximum (the first one met on a tie)."""
+    """Records of consecutive buckets (ids ascending) merged into one record per bucket id: counts
+    and sums added, the first record's first point, the last record's last, the lowest minimum and
+    the highest maximum (the first one met on a tie)."""
     import numpy as np
 
     starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
@@ -160,25 +292,15 @@ def merge(rows: Any, ids: Any) -> tuple[Any, Any]:
     out = np.empty((len(starts), 14))
     out[:, N] = np.add.reduceat(rows[:, N], starts)
     out[:, VSUM] = np.add.reduceat(rows[:, VSUM], starts)
-    out[:, FIRST] = rows[starts][:, FIRST]
-    out[:, LAST] = rows[ends][:, LAST]
+    out[:, S0:V0 + 1] = rows[starts, S0:V0 + 1]
+    out[:, S1:V1 + 1] = rows[ends, S1:V1 + 1]
     # lexsort is stable: within a group, equal values keep their order (the first one wins);
     # NaN sorts last, so a NaN is the minimum or maximum only of a bucket of NaNs
     low = np.lexsort((rows[:, VMIN], group))[starts]
     high = np.lexsort((-rows[:, VMAX], group))[starts]
-    out[:, LOW] = rows[low][:, LOW]
-    out[:, HIGH] = rows[high][:, HIGH]
+    out[:, SMIN:VMIN + 1] = rows[low, SMIN:VMIN + 1]
+    out[:, SMAX:VMAX + 1] = rows[high, SMAX:VMAX + 1]
     return ids[starts], out
-
-
-def _sql_rows(rows: Any) -> list[list]:
-    """Rows as SQL values: counts and whole-number steps as integers (smaller on disk)."""
-    import numpy as np
-
-    ints = rows[:, STEPS]
-    whole = bool(np.all(np.isfinite(ints) & (ints == np.floor(ints))))
-    head = ints.astype(np.int64).tolist() if whole else ints.tolist()
-    return [h + r for h, r in zip(head, rows[:, T0:].tolist())]
 
 
 def delete(c: sqlite3.Connection, run_id: str) -> None:
@@ -187,7 +309,7 @@ def delete(c: sqlite3.Connection, run_id: str) -> None:
     c.execute("DELETE FROM level_runs WHERE run_id=?", (run_id,))
 
 
-# --- reading ---------------------------------------------------------------------------------------
+# --- reading ------------------------------------------------------------------------------------
 def choose_level(count: int, points: int) -> int:
     """The coarsest level whose buckets (two points each) still give >= `points` points."""
     if count <= RAW_KEEP:
@@ -221,6 +343,8 @@ def read(c: sqlite3.Connection, run_id: str, points: int, *, names: Sequence[str
 
 
 def _read_series(c: sqlite3.Connection, run_id: str, points: int, names, ranks) -> dict:
+    import numpy as np
+
     from .history import minmax_indices
 
     out = {}
@@ -230,33 +354,44 @@ def _read_series(c: sqlite3.Connection, run_id: str, points: int, names, ranks) 
         if (names is not None and name not in names) or (ranks is not None and rank not in ranks):
             continue
         level = choose_level(count, points)
-        rows = c.execute(f"SELECT {COLS} FROM levels WHERE sid=? AND level=? ORDER BY bucket",
-                         (sid, level)).fetchall()
-        env = steps, times, values = envelope(rows, level)
-        if len(values) > points:
-            keep = minmax_indices(values, points).tolist()
-            steps, times, values = ([a[i] for i in keep] for a in (steps, times, values))
-        out[(rank, name)] = Points(rank, name, count, level, steps, times, values, env)
+        blobs = [r[0] for r in c.execute("SELECT data FROM levels WHERE sid=? AND level=? "
+                                         "ORDER BY chunk", (sid, level))]
+        recs = np.frombuffer(b"".join(blobs)).reshape(-1, WIDTH[level > 0])
+        env = envelope(recs, level)
+        keep = minmax_indices(env[2], points) if len(env[2]) > points else slice(None)
+        steps, times, values = (a[keep] for a in env)
+        out[(rank, name)] = Points(rank, name, count, level, _steps(steps), times.tolist(),
+                                   values.tolist(), env)
     return out
 
 
-def envelope(rows: list, level: int) -> tuple[list, list, list]:
-    """(steps, times, values) of bucket rows: raw points at level 0; else the series' first
-    point, each bucket's minimum and maximum in step order, and the series' last point."""
-    if level == 0:
-        return [r[S0] for r in rows], [r[T0] for r in rows], [r[V0] for r in rows]
-    pts = [(rows[0][S0], rows[0][T0], rows[0][V0])] if rows else []
-    for r in rows:
-        lo, hi = (r[SMIN], r[TMIN], r[VMIN]), (r[SMAX], r[TMAX], r[VMAX])
-        a, b = (lo, hi) if (lo[0], lo[1]) <= (hi[0], hi[1]) else (hi, lo)
-        pts.append(a)
-        if b != a:
-            pts.append(b)
-    if rows:
-        pts.append((rows[-1][S1], rows[-1][T1], rows[-1][V1]))
-    # the first and last points may be a bucket's minimum or maximum as well: keep one of each
-    pts = [p for i, p in enumerate(pts) if i == 0 or p != pts[i - 1]]
-    return [p[0] for p in pts], [p[1] for p in pts], [p[2] for p in pts]
+def _steps(steps: Any) -> list:
+    """Steps as the ranks reported them: integers unless some are not whole."""
+    import numpy as np
+
+    whole = bool(np.all(np.isfinite(steps) & (steps == np.floor(steps))))
+    return steps.astype(np.int64).tolist() if whole else steps.tolist()
+
+
+def envelope(recs: Any, level: int) -> tuple[Any, Any, Any]:
+    """(steps, times, values) arrays of a level's records: the raw points at level 0; else the
+    series' first point, each bucket's minimum and maximum in step order, and its last point."""
+    import numpy as np
+
+    if level == 0 or not len(recs):
+        r = recs if level == 0 else np.empty((0, 3))
+        return r[:, 0].copy(), r[:, 1].copy(), r[:, 2].copy()
+    lo, hi = recs[:, SMIN:VMIN + 1], recs[:, SMAX:VMAX + 1]
+    lo_first = (lo[:, 0] < hi[:, 0]) | ((lo[:, 0] == hi[:, 0]) & (lo[:, 1] <= hi[:, 1]))
+    a = np.where(lo_first[:, None], lo, hi)
+    b = np.where(lo_first[:, None], hi, lo)
+    pts = np.empty((2 * len(recs), 3))
+    pts[0::2], pts[1::2] = a, b
+    pts = np.vstack((recs[:1, S0:V0 + 1], pts, recs[-1:, S1:V1 + 1]))
+    # a bucket whose min and max are one point, and the ends, which may repeat a neighbour
+    same = np.r_[False, np.all(pts[1:] == pts[:-1], axis=1)]
+    pts = pts[~same]
+    return pts[:, 0], pts[:, 1], pts[:, 2]
 
 
 def backfill(c: sqlite3.Connection, run_id: str) -> None:
@@ -292,33 +427,29 @@ def mean_of_ranks(series: list[Points], points: int) -> tuple[list, list, list]:
 
     from .history import minmax_indices
 
-    series = [p for p in series if p.values]
+    series = [p for p in series if len(p.env[0])]
     if not series:
         return [], [], []
     if all(p.level == 0 for p in series):
-        acc: dict = {}
-        for p in series:
-            for s, t, v in zip(*p.env):
-                a = acc.setdefault(s, [0.0, 0, t])
-                a[0], a[1], a[2] = a[0] + v, a[1] + 1, max(a[2], t)
-        steps = sorted(acc)
-        times, values = [acc[s][2] for s in steps], [acc[s][0] / acc[s][1] for s in steps]
+        st, ts, vs = (np.concatenate([p.env[k] for p in series]) for k in range(3))
+        grid, at = np.unique(st, return_inverse=True)
+        n = np.bincount(at, minlength=len(grid))
+        values = np.bincount(at, weights=vs, minlength=len(grid)) / n
+        times = np.full(len(grid), -np.inf)
+        np.maximum.at(times, at, ts)
     else:
-        grid = np.unique(np.concatenate([np.asarray(p.env[0], dtype=float) for p in series]))
-        total, n, when = np.zeros(len(grid)), np.zeros(len(grid)), np.zeros(len(grid))
+        grid = np.unique(np.concatenate([p.env[0] for p in series]))
+        total, n, times = np.zeros(len(grid)), np.zeros(len(grid)), np.zeros(len(grid))
         for p in series:
-            xs, ts, vs = (np.asarray(a, dtype=float) for a in p.env)
+            xs, ts, vs = p.env
             inside = (grid >= xs[0]) & (grid <= xs[-1])
             total[inside] += np.interp(grid[inside], xs, vs)
-            when[inside] = np.maximum(when[inside], np.interp(grid[inside], xs, ts))
+            times[inside] = np.maximum(times[inside], np.interp(grid[inside], xs, ts))
             n[inside] += 1
         ok = n > 0
-        steps, times, values = grid[ok].tolist(), when[ok].tolist(), (total[ok] / n[ok]).tolist()
-        steps = [int(s) if float(s).is_integer() else s for s in steps]
-    if len(values) > points:
-        keep = minmax_indices(values, points).tolist()
-        steps, times, values = ([a[i] for i in keep] for a in (steps, times, values))
-    return steps, times, values
+        grid, times, values = grid[ok], times[ok], total[ok] / n[ok]
+    keep = minmax_indices(values, points) if len(values) > points else slice(None)
+    return _steps(grid[keep]), times[keep].tolist(), values[keep].tolist()
 
 
 def by_metric(snap: Snapshot, points: int, with_ranks: bool = True) -> dict:
