@@ -281,12 +281,16 @@ class Registry:
         if bad or not kinds:
             raise ValueError(f"Registry.last_events: kinds {list(kinds)!r}; accepted: any of "
                              f"{', '.join(k for k in KINDS if k != METRIC)}")
-        q = ("SELECT seq, rank, kind, t, step, data FROM events WHERE run_id=? AND kind<>'metric' "
-             f"AND kind IN ({','.join('?' * len(kinds))}) AND seq<=? ORDER BY seq DESC LIMIT ?")
-        rows = self._conn().execute(q, (run_id, *kinds, upto if upto is not None else 2**62,
-                                        int(limit))).fetchall()
+        rows: list = []
+        for kind in dict.fromkeys(kinds):  # one index range per kind, newest first
+            rows += self._conn().execute(
+                "SELECT seq, rank, kind, t, step, data FROM events INDEXED BY events_notes "
+                "WHERE run_id=? AND kind<>'metric' AND kind=? AND seq<=? ORDER BY seq DESC "
+                "LIMIT ?", (run_id, kind, upto if upto is not None else 2**62,
+                            int(limit))).fetchall()
+        rows = sorted(rows, key=lambda r: r[0])[-int(limit):] if limit else []
         return [{"run": run_id, "seq": r[0], "rank": r[1], "kind": r[2], "t": r[3], "step": r[4],
-                 "data": json.loads(r[5])} for r in reversed(rows)]
+                 "data": json.loads(r[5])} for r in rows]
 
     def count_events(self, run_id: str, kind: str, upto: int | None = None) -> int:
         """How many events of one non-metric kind the run holds (seq <= upto)."""
@@ -294,7 +298,8 @@ class Registry:
             raise ValueError(f"Registry.count_events: kind {kind!r}; accepted: any of "
                              f"{', '.join(k for k in KINDS if k != METRIC)}")
         return self._conn().execute(
-            "SELECT COUNT(*) FROM events WHERE run_id=? AND kind<>'metric' AND kind=? AND seq<=?",
+            "SELECT COUNT(*) FROM events INDEXED BY events_notes WHERE run_id=? AND "
+            "kind<>'metric' AND kind=? AND seq<=?",
             (run_id, kind, upto if upto is not None else 2**62)).fetchone()[0]
 
     def series(self, run_id: str, points: int, names: Sequence[str] | None = None,

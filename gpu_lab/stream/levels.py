@@ -4,7 +4,7 @@ Contract:
 - Written in the transaction that writes the events (Registry.add_events calls `record`), so the
   levels never disagree with the events, whoever writes them (a recorder, a headless rank).
 - A series is one metric of one rank of one run (table `series`: its name, once, and its point
-  count). Level k >= 1 has buckets of F**k consecutive points of the series; each bucket holds the
+  count). Level k >= 1 has buckets of SIZES[k-1] consecutive points of the series; each holds the
   count, the first, the minimum, the maximum and the last point (step, time, value) and the sum.
   The newest bucket of each level is open and is rewritten as points arrive. Level 0 holds the raw
   points while the series has at most RAW_KEEP of them (then level 1 already gives >= 2 * RAW_KEEP
@@ -25,8 +25,11 @@ import sqlite3
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
-F = 32              # points per bucket grow by this factor from one level to the next
-LEVELS = 4          # buckets of 32, 1,024, 32,768 and 1,048,576 points
+# points per bucket of levels 1, 2, ...: 32, then 8 times more each level, so that a read (the
+# coarsest level with >= points / 2 buckets) takes at most 4 * points buckets above level 1
+SIZES = (32, 256, 2048, 16_384, 131_072, 1_048_576)
+LEVELS = len(SIZES)
+F = SIZES[0]
 RAW_KEEP = 32_768   # raw points kept per series (level 0) while it holds no more than this
 CHUNK = (512, 64)   # records per row: raw points (level 0), buckets (levels >= 1)
 BACKFILL_PAGE = 20_000
@@ -209,7 +212,8 @@ def _levels(c: sqlite3.Connection, items: list, out: list) -> None:
     ids, part = _from_points(pts, (ids // _SPAN) * _SPAN + (ids % _SPAN) // F)
     for k in range(1, LEVELS + 1):
         if k > 1:
-            ids, part = merge(part, (ids // _SPAN) * _SPAN + (ids % _SPAN) // F)
+            step = SIZES[k - 1] // SIZES[k - 2]
+            ids, part = merge(part, (ids // _SPAN) * _SPAN + (ids % _SPAN) // step)
         owner = ids // _SPAN
         cut = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1], True])
         for a, b in zip(cut[:-1], cut[1:]):
@@ -315,7 +319,7 @@ def choose_level(count: int, points: int) -> int:
     if count <= RAW_KEEP:
         return 0
     k = 1
-    while k < LEVELS and math.ceil(count / F ** (k + 1)) * 2 >= points:
+    while k < LEVELS and math.ceil(count / SIZES[k]) * 2 >= points:
         k += 1
     return k
 
