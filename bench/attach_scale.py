@@ -1,11 +1,11 @@
 """What opening a run costs against its length: the registry's downsampled levels (now) side by
 side with the full read (before, bench/lib/full_read.py), on the same records.
 
-For each length (events over 2 ranks, one event per rank per step: loss and lr, a single spike of
-rank 1 at 90% of the run, i.e. at step 450,000 / event ~900,000 of the 1M-event run), a record is
-written straight into a fresh registry with Registry.add_events in 20,000-event batches (its file
-size / events is the registry's bytes per event), then each measurement runs in a fresh
-subprocess:
+For each length (events over 2 ranks, one event per rank per step: loss and lr, or with --fit
+fit's six metrics; a single spike of rank 1 at 90% of the run, i.e. at step 450,000 / event
+~900,000 of the 1M-event run), a record is written straight into a fresh registry with
+Registry.add_events in 20,000-event batches (its file size / events is the registry's bytes per
+event), then each measurement runs in a fresh subprocess:
 
 - attach: gpu_lab.attach(id) and the first run.metrics.series("loss", 0) (the dashboard reads
   its default 2,000 points), wall time and the process's resident memory growth (the Run held);
@@ -16,7 +16,7 @@ subprocess:
 Targets: a 1M-event run attaches with its first series in <= 0.5 s and <= 100 MB above a short
 run's, its run view answers in <= 0.5 s, both flat from 100k to 1M events.
 
-    .venv/bin/python bench/attach_scale.py [--sizes 1000,10000,100000,1000000] [--no-old]
+    .venv/bin/python bench/attach_scale.py [--sizes 1000,10000,100000,1000000] [--no-old] [--fit]
 """
 from __future__ import annotations
 
@@ -73,33 +73,47 @@ def probe(db: Path, run_id: str, what: str, path: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def record(tmp: Path, events: int) -> tuple[Path, str, float, float]:
+def record(tmp: Path, events: int, fit: bool) -> tuple[Path, str, float, float]:
     from bench.lib.records import write_record
     from gpu_lab.registry import Registry
 
     db = tmp / f"registry-{events}.db"
     reg = Registry(db)
-    run_id = f"long-{events}"
+    run_id = f"20260101-120000-{events:06x}"  # a run id as long as a launch's
     steps = events // 2
     t0 = time.perf_counter()
-    write_record(reg, run_id, events, spike=(1, int(steps * 0.9)))
+    write_record(reg, run_id, events, spike=(1, int(steps * 0.9)), fit=fit)
     dt = time.perf_counter() - t0
     reg._conn().execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    size = db.stat().st_size
-    return db, run_id, dt, size / (events + 5)
+    return db, run_id, dt, _bytes(reg, db, events + 5)
+
+
+def _bytes(reg, db: Path, events: int) -> dict:
+    """File size per event, and the part the levels take (the rest is what the registry held
+    before them: the events table, unchanged)."""
+    out = {"file": db.stat().st_size / events}
+    try:
+        pages = dict(reg._conn().execute("SELECT name, SUM(pgsize) FROM dbstat GROUP BY name"))
+        out["levels"] = sum(pages.get(t, 0) for t in ("levels", "series", "level_runs",
+                                                      "events_notes")) / events
+    except Exception:  # noqa: BLE001 - an SQLite built without the dbstat table
+        pass
+    return out
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="1000,10000,100000,1000000")
     ap.add_argument("--no-old", action="store_true", help="skip the full read (before)")
+    ap.add_argument("--fit", action="store_true",
+                    help="each event also carries fit's other four metrics (six in all)")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     paths = ("new",) if args.no_old else ("new", "old")
     tmp = Path(tempfile.mkdtemp(prefix="gpu_lab_bench_attach_"))
     rows = []
     for n in sizes:
-        db, run_id, write_s, per_event = record(tmp, n)
+        db, run_id, write_s, per_event = record(tmp, n, args.fit)
         row = {"events": n, "write_s": write_s, "events_per_s": n / write_s,
                "bytes_per_event": per_event}
         for path in paths:
@@ -116,7 +130,8 @@ def main() -> int:
 
 def _line(r: dict, paths: tuple) -> str:
     cells = [f"{r['events']:>9,} events", f"written {r['events_per_s']:>9,.0f}/s",
-             f"{r['bytes_per_event']:5.0f} B/event"]
+             f"{r['bytes_per_event']['file']:5.0f} B/event (levels "
+             f"{r['bytes_per_event'].get('levels', float('nan')):4.1f})"]
     for path in paths:
         a, d = r[f"attach_{path}"], r[f"detail_{path}"]
         cells.append(f"{path}: attach {a['s']:6.3f} s {a['rss_mb']:6.1f} MB "

@@ -3,9 +3,9 @@
 
 The run's record belongs to the run: its supervisor records every event in the registry and
 publishes it live. A Run handle is one subscriber among others. `gpu_lab.launch` returns one;
-`gpu_lab.attach(id_or_name)` makes one for any run on this host (history from the registry, then
-the live events), and both work the same: status, wait, wait_for_step, stop, request_checkpoint,
-logs, error, result, dashboard, resume.
+`gpu_lab.attach(id_or_name)` makes one for any run on this host (a bounded history from the
+registry's downsampled levels, then the live events), and both work the same: status, wait,
+wait_for_step, stop, request_checkpoint, logs, error, result, dashboard, resume.
 """
 from __future__ import annotations
 
@@ -385,9 +385,11 @@ class Run:
 
 
 def attach(run_id_or_name: str, registry: Registry | None = None) -> Run:
-    """A Run handle on a run of this host, by id or name (the newest run of that name): its whole
-    recorded history, then its live events. Works from any kernel or script, whoever launched it,
-    and for finished runs too."""
+    """A Run handle on a run of this host, by id or name (the newest run of that name): its
+    recorded history, bounded (each metric series at most ATTACH_POINTS points with each bucket's
+    min and max exact, the newest NOTES_KEPT events of each other kind), then its live events.
+    Every point is one call away: run.metrics.frame() / to_csv(). Works from any kernel or script,
+    whoever launched it, and for finished runs too."""
     reg = registry or Registry()
     row = reg.find_run(run_id_or_name)
     run = Run._from_row(row, reg)
