@@ -181,6 +181,21 @@ def test_a_registry_from_before_levels_opens_and_keeps_them_from_then_on(tmp_pat
                             "data": {"loss": -5.0}}])
     p = reg.series("old", 1000, names=["loss"], ranks=[0]).series[(0, "loss")]
     assert p.count == n // 2 + 1 and p.steps[-1] == n // 2 and min(p.values) == -5.0
+    # and an older gpu_lab that adds events without levels leaves them to the next write or read
+    c = sqlite3.connect(path)
+    for i, step in enumerate((n // 2 + 1, n // 2 + 3)):
+        c.execute("INSERT INTO events VALUES ('old', ?, 0, 'metric', 2e9, ?, ?)",
+                  (n + 2 + 2 * i, step, json.dumps({"loss": -6.0 - i})))
+        c.commit()
+        if i == 0:
+            reg.add_events("old", [{"rank": 0, "kind": "metric", "t": 2e9, "step": n // 2 + 2,
+                                    "data": {"loss": -5.5}}])
+    c.close()
+    p = reg.series("old", 1000, names=["loss"], ranks=[0]).series[(0, "loss")]
+    assert p.count == n // 2 + 4 and p.level == 0
+    steps, _, values = p.env  # the raw points, before decimation to 1000
+    assert steps[-4:].tolist() == [n // 2 + k for k in range(4)]
+    assert values[-4:].tolist() == [-5.0, -6.0, -5.5, -7.0]
 
 
 def test_live_events_continue_an_attached_history_without_gap_or_duplicate():

@@ -15,7 +15,9 @@ Contract:
   >= `points` (each bucket gives its min and max), in time and memory bounded by `points`, not by
   the series' length. Each bucket's minimum and maximum are exact, so a spike never disappears.
 - A run recorded before levels existed has no `level_runs` row: its first `read` builds its
-  levels from its events (one full read, once, in one write transaction).
+  levels from its events (one full read, once, in one write transaction). `level_runs.upto` is
+  the newest event folded: events that an older gpu_lab adds to a run later are folded by the
+  next add_events or read, so the levels never fall behind the event log unseen.
 """
 from __future__ import annotations
 
@@ -53,7 +55,10 @@ CREATE TABLE IF NOT EXISTS levels (
     data BLOB NOT NULL,
     PRIMARY KEY (sid, level, chunk)
 ) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS level_runs (run_id TEXT PRIMARY KEY) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS level_runs (
+    run_id TEXT PRIMARY KEY,
+    upto INTEGER NOT NULL      -- the newest event folded into the run's levels
+) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS events_notes ON events (run_id, kind, seq) WHERE kind <> 'metric';
 """
 
@@ -87,12 +92,30 @@ class Snapshot:
 # --- writing ------------------------------------------------------------------------------------
 def record(c: sqlite3.Connection, run_id: str, events: Sequence[dict], base: int) -> None:
     """Fold these events (numbered from base + 1) into the run's levels; inside add_events'
-    transaction. A run whose first events were written without levels is left to `read`."""
-    if c.execute("SELECT 1 FROM level_runs WHERE run_id=?", (run_id,)).fetchone() is None:
+    transaction. A run whose first events were written without levels is left to `read`; events
+    that a gpu_lab without levels added in between are folded first, so the order holds."""
+    row = c.execute("SELECT upto FROM level_runs WHERE run_id=?", (run_id,)).fetchone()
+    if row is None:
         if base:
             return  # recorded before levels existed: `read` builds them from the events
-        c.execute("INSERT INTO level_runs (run_id) VALUES (?)", (run_id,))
+        c.execute("INSERT INTO level_runs (run_id, upto) VALUES (?, 0)", (run_id,))
+    elif row[0] < base:
+        _catch_up(c, run_id, row[0], base)
     _fold(c, run_id, events)
+    c.execute("UPDATE level_runs SET upto=? WHERE run_id=?", (base + len(events), run_id))
+
+
+def _catch_up(c: sqlite3.Connection, run_id: str, after: int, upto: int) -> None:
+    """Fold the run's metric events after..upto (read from the event log, a page at a time)."""
+    while after < upto:
+        page = c.execute("SELECT seq, rank, kind, t, step, data FROM events WHERE run_id=? AND "
+                         "seq>? AND seq<=? AND kind='metric' ORDER BY seq LIMIT ?",
+                         (run_id, after, upto, BACKFILL_PAGE)).fetchall()
+        if not page:
+            return
+        _fold(c, run_id, ({"rank": r[1], "kind": r[2], "t": r[3], "step": r[4],
+                           "data": json.loads(r[5])} for r in page))
+        after = page[-1][0]
 
 
 def _fold(c: sqlite3.Connection, run_id: str, events: Iterable[dict]) -> None:
@@ -367,15 +390,13 @@ def read(c: sqlite3.Connection, run_id: str, points: int, *, names: Sequence[str
         try:
             seq = c.execute("SELECT COALESCE(MAX(seq), 0) FROM events WHERE run_id=?",
                             (run_id,)).fetchone()[0]
-            tracked = c.execute("SELECT 1 FROM level_runs WHERE run_id=?",
-                                (run_id,)).fetchone() is not None
-            if tracked or not seq:
+            row = c.execute("SELECT upto FROM level_runs WHERE run_id=?", (run_id,)).fetchone()
+            if (row is not None and row[0] >= seq) or not seq or attempt:
                 return Snapshot(seq, _read_series(c, run_id, points, names, ranks))
         finally:
             c.execute("COMMIT")
-        if attempt == 0:
-            backfill(c, run_id)
-    raise RuntimeError(f"run {run_id}: its metric levels could not be built")  # pragma: no cover
+        backfill(c, run_id)
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _read_series(c: sqlite3.Connection, run_id: str, points: int, names, ranks) -> dict:
@@ -432,23 +453,19 @@ def envelope(recs: Any, level: int) -> tuple[Any, Any, Any]:
 
 
 def backfill(c: sqlite3.Connection, run_id: str) -> None:
-    """Build the levels of a run recorded before they existed, from its events, in one write
-    transaction (writers of the run wait; afterwards add_events keeps the levels)."""
+    """Bring the run's levels up to its newest event, in one write transaction (writers of the
+    run wait): all of them for a run recorded before levels existed (one full read, once), else
+    what a gpu_lab without levels added since. Afterwards add_events keeps them."""
     c.execute("BEGIN IMMEDIATE")
     try:
-        if c.execute("SELECT 1 FROM level_runs WHERE run_id=?", (run_id,)).fetchone() is None:
+        row = c.execute("SELECT upto FROM level_runs WHERE run_id=?", (run_id,)).fetchone()
+        if row is None:
             delete(c, run_id)
-            c.execute("INSERT INTO level_runs (run_id) VALUES (?)", (run_id,))
-            after = 0
-            while True:
-                page = c.execute("SELECT seq, rank, kind, t, step, data FROM events WHERE "
-                                 "run_id=? AND seq>? AND kind='metric' ORDER BY seq LIMIT ?",
-                                 (run_id, after, BACKFILL_PAGE)).fetchall()
-                if not page:
-                    break
-                _fold(c, run_id, ({"rank": r[1], "kind": r[2], "t": r[3], "step": r[4],
-                                   "data": json.loads(r[5])} for r in page))
-                after = page[-1][0]
+            c.execute("INSERT INTO level_runs (run_id, upto) VALUES (?, 0)", (run_id,))
+        seq = c.execute("SELECT COALESCE(MAX(seq), 0) FROM events WHERE run_id=?",
+                        (run_id,)).fetchone()[0]
+        _catch_up(c, run_id, row[0] if row else 0, seq)
+        c.execute("UPDATE level_runs SET upto=? WHERE run_id=?", (seq, run_id))
         c.execute("COMMIT")
     except BaseException:
         c.execute("ROLLBACK")
