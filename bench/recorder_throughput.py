@@ -11,8 +11,12 @@ Two measurements, each alternating the two consumers round by round:
 
 The consumers:
 
-- recorder: the run's recorder process (`gpu_lab.stream.recorder.spawn`, what a launched run uses):
-  events numbered and written to the registry's event log in batches, bounded memory;
+- recorder (CURVE): the run's recorder process (`gpu_lab.stream.recorder.spawn`, what a launched
+  run uses): events numbered and written to the registry's event log in batches, bounded memory;
+  its channel is private (CURVE, the run's key; gpu_lab.stream.channel), so the feeder and the
+  ranks encrypt and it decrypts every batch;
+- recorder (no CURVE): the same Recorder in a fresh process of the same shape, with
+  private=False: what the privacy costs;
 - kernel receiver (before): a copy of the pre-recorder path (commit a48cc40): a receiver thread
   that added each event to the Run's history and wrote one registry row per scalar.
 
@@ -20,7 +24,7 @@ Events stored per second = stored / time from the first event sent to the last o
 ranks it also prints the drops (counted, never waited for) and the slowest report() call (on this
 2-core VM the ranks, the consumer and the OS share two cores, so a call can wait for a core, never
 for the consumer). For the recorder: the most events it held waiting for the database (its bound).
-Target: the recorder stores >= 100,000 events/s with bounded memory.
+Target: the recorder, with CURVE, stores >= 100,000 events/s with bounded memory.
 
     .venv/bin/python bench/recorder_throughput.py [--events 200000] [--rounds 3]
 """
@@ -45,9 +49,9 @@ from gpu_lab.stream import events as ev
 METRICS = ("loss", "lr", "samples_per_s", "step_time", "data_wait", "epoch")
 
 
-def _rank(address: str, run_id: str, rank: int, n: int, start, out) -> None:
+def _rank(address: str, key: str | None, run_id: str, rank: int, n: int, start, out) -> None:
     """One rank: n report() calls as fast as possible; the slowest call and the drops."""
-    rep = Reporter(address=address, run_id=run_id, rank=rank, interval=0.05)
+    rep = Reporter(address=address, key=key, run_id=run_id, rank=rank, interval=0.05)
     start.wait()
     worst, t0 = 0.0, time.perf_counter()
     for step in range(n):
@@ -120,7 +124,7 @@ class OldKernelReceiver:
         self.ctx.term()
 
 
-def _feeder(address: str, run_id: str, batches: int, start, out) -> None:
+def _feeder(address: str, key: str | None, run_id: str, batches: int, start, out) -> None:
     """Push ready-made 2,000-event batches; a full socket makes send() wait (the consumer's pace)."""
     import zmq
 
@@ -132,6 +136,10 @@ def _feeder(address: str, run_id: str, batches: int, start, out) -> None:
     ctx = zmq.Context()
     sock = ctx.socket(zmq.PUSH)
     sock.setsockopt(zmq.SNDHWM, 4)
+    if key is not None:
+        from gpu_lab.stream.channel import ClientKey
+
+        ClientKey.decode(key).apply(sock)
     sock.connect(address)
     start.wait()
     t0 = time.perf_counter()
@@ -142,10 +150,10 @@ def _feeder(address: str, run_id: str, batches: int, start, out) -> None:
     out.put({"sent": batches * 2000, "t0": t0})
 
 
-def _feed(address: str, run_id: str, events: int) -> tuple[int, float]:
+def _feed(address: str, key: str | None, run_id: str, events: int) -> tuple[int, float]:
     ctx = mp.get_context("fork")
     start, out = ctx.Event(), ctx.Queue()
-    p = ctx.Process(target=_feeder, args=(address, run_id, events // 2000, start, out))
+    p = ctx.Process(target=_feeder, args=(address, key, run_id, events // 2000, start, out))
     p.start()
     time.sleep(1.0)  # the feeder has built its batches and connected
     t0 = time.perf_counter()
@@ -155,10 +163,11 @@ def _feed(address: str, run_id: str, events: int) -> tuple[int, float]:
     return res["sent"], t0
 
 
-def _load(address: str, run_id: str, n: int) -> tuple[list[dict], float]:
+def _load(address: str, key: str | None, run_id: str, n: int) -> tuple[list[dict], float]:
     ctx = mp.get_context("fork")
     start, out = ctx.Event(), ctx.Queue()
-    procs = [ctx.Process(target=_rank, args=(address, run_id, r, n, start, out)) for r in (0, 1)]
+    procs = [ctx.Process(target=_rank, args=(address, key, run_id, r, n, start, out))
+             for r in (0, 1)]
     for p in procs:
         p.start()
     time.sleep(0.5)  # both ranks connected and waiting
@@ -179,19 +188,64 @@ def _stored_metrics(db: Path, run_id: str) -> int:
     return max(0, n - 1)
 
 
-def round_recorder(tmp: Path, n: int, feed: bool) -> dict:
+# The recorder process of `gpu_lab.stream.recorder.serve`, with the channel open (private=False):
+# the same Recorder, binding, reply and end protocol, without CURVE.
+OPEN_RECORDER = r"""
+import json, sys
+from gpu_lab.registry import Registry
+from gpu_lab.stream import events as ev
+from gpu_lab.stream.recorder import Recorder
+reg = Registry(sys.argv[1])
+rec = Recorder(reg, sys.argv[2], private=False)
+reg.update(sys.argv[2], status="running", events_address=rec.publish_address)
+rec.record([ev.make(sys.argv[2], -1, ev.STATUS, {"status": "running"})])
+print(json.dumps({"address": rec.address, "publish": rec.publish_address}), flush=True)
+final = None
+for line in sys.stdin:
+    final = json.loads(line).get("end")
+    if final:
+        break
+rec.close(end=final)
+print(f"recorder: {rec.written} events recorded, at most {rec.peak_pending} waiting for the "
+      "database", file=sys.stderr, flush=True)
+"""
+
+
+def _start_recorder(db: Path, run_id: str, log: Path, private: bool) -> tuple:
+    """(process, addresses, client key or None): a run's recorder, private or open."""
+    import subprocess
+
+    from gpu_lab.stream import recorder
+    from gpu_lab.stream.channel import RunKeys
+
+    if private:
+        keys = RunKeys.new()
+        proc, where = recorder.spawn(str(db), run_id, str(log), keys)
+        return proc, where, keys.client.encode()
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+    with open(log, "ab") as log_file:
+        proc = subprocess.Popen([sys.executable, "-c", OPEN_RECORDER, str(db), run_id],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log_file,
+                                env=env)
+    return proc, json.loads(proc.stdout.readline()), None
+
+
+def round_recorder(tmp: Path, n: int, feed: bool, private: bool = True) -> dict:
     from gpu_lab.stream import recorder
 
     db = tmp / "recorder.db"
     run_id = f"bench-{time.time_ns()}"
     Registry(db).create_run(run_id, status="pending")
     log = tmp / "recorder.log"
-    proc, where = recorder.spawn(str(db), run_id, str(log))
+    proc, where, key = _start_recorder(db, run_id, log, private)
+    cpu0 = _cpu_s(proc.pid)
     if feed:
-        sent, t0 = _feed(where["address"], run_id, n)
+        sent, t0 = _feed(where["address"], key, run_id, n)
         ranks = [{"dropped": 0, "worst_us": 0.0}]
     else:
-        ranks, t0 = _load(where["address"], run_id, n)
+        ranks, t0 = _load(where["address"], key, run_id, n)
         sent = sum(r["sent"] for r in ranks)
     deadline = time.monotonic() + 120
     stored = 0
@@ -201,24 +255,34 @@ def round_recorder(tmp: Path, n: int, feed: bool) -> dict:
             break
         time.sleep(0.02)
     t_end = time.perf_counter()
+    cpu = _cpu_s(proc.pid) - cpu0
     recorder.end(proc, {"status": "succeeded"})
     peak = None
     for line in log.read_text().splitlines():
         if "waiting for the database" in line:
             peak = int(line.split("at most ")[1].split()[0])
     log.unlink()
-    return {"path": "recorder", "stored": stored, "per_s": stored / (t_end - t0),
+    return {"path": "recorder (CURVE)" if private else "recorder (no CURVE)", "stored": stored, "per_s": stored / (t_end - t0),
             "dropped": sum(r["dropped"] for r in ranks),
-            "worst_report_us": max(r["worst_us"] for r in ranks), "peak_pending": peak}
+            "worst_report_us": max(r["worst_us"] for r in ranks), "peak_pending": peak,
+            "per_cpu_s": stored / cpu if cpu > 0 else None}
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds the recorder process has used: what it costs, whatever else shares the cores."""
+    import psutil
+
+    t = psutil.Process(pid).cpu_times()
+    return t.user + t.system
 
 
 def round_old(tmp: Path, n: int, feed: bool) -> dict:
     recv = OldKernelReceiver(tmp / f"old-{time.time_ns()}.db")
     if feed:
-        sent, t0 = _feed(recv.address, "bench", n)
+        sent, t0 = _feed(recv.address, None, "bench", n)
         ranks = [{"dropped": 0, "worst_us": 0.0}]
     else:
-        ranks, t0 = _load(recv.address, "bench", n)
+        ranks, t0 = _load(recv.address, None, "bench", n)
         sent = sum(r["sent"] for r in ranks)
     deadline = time.monotonic() + 120
     while recv.stored < sent and time.monotonic() < deadline:
@@ -227,16 +291,30 @@ def round_old(tmp: Path, n: int, feed: bool) -> dict:
     recv.close()
     return {"path": "kernel receiver (before)", "stored": recv.stored, "per_s": per_s,
             "dropped": sum(r["dropped"] for r in ranks),
-            "worst_report_us": max(r["worst_us"] for r in ranks), "peak_pending": None}
+            "worst_report_us": max(r["worst_us"] for r in ranks), "peak_pending": None,
+            "per_cpu_s": None}
 
 
-def _summary(label: str, results: list[dict]) -> float:
-    new = [r["per_s"] for r in results if r["path"] == "recorder"]
-    old = [r["per_s"] for r in results if r["path"] != "recorder"]
-    ratio = statistics.median(new) / statistics.median(old)
-    print(f"{label}: recorder median {statistics.median(new):,.0f} events/s, kernel receiver "
-          f"before {statistics.median(old):,.0f} events/s; recorder / before = {ratio:.2f}x\n")
-    return ratio
+def _median(results: list[dict], path: str) -> float:
+    return statistics.median(r["per_s"] for r in results if r["path"] == path)
+
+
+def _summary(label: str, results: list[dict]) -> dict:
+    curve, open_, old = (_median(results, p) for p in
+                         ("recorder (CURVE)", "recorder (no CURVE)", "kernel receiver (before)"))
+    cpu = {p: statistics.median(r["per_cpu_s"] for r in results if r["path"] == p)
+           for p in ("recorder (CURVE)", "recorder (no CURVE)")}
+    print(f"{label}: recorder with CURVE median {curve:,.0f} events/s, without {open_:,.0f} "
+          f"events/s (CURVE / without = {curve / open_:.2f}x); per recorder CPU second "
+          f"{cpu['recorder (CURVE)']:,.0f} with CURVE, {cpu['recorder (no CURVE)']:,.0f} without "
+          f"({cpu['recorder (CURVE)'] / cpu['recorder (no CURVE)']:.2f}x); kernel receiver before "
+          f"{old:,.0f} events/s (recorder with CURVE / before = {curve / old:.2f}x)\n")
+    return {"curve_over_open": curve / open_, "curve_over_before": curve / old,
+            "cpu_curve_over_open": cpu["recorder (CURVE)"] / cpu["recorder (no CURVE)"]}
+
+
+def _open_recorder(tmp: Path, n: int, feed: bool) -> dict:
+    return round_recorder(tmp, n, feed, private=False)
 
 
 def main() -> None:
@@ -249,7 +327,8 @@ def main() -> None:
     for label, feed in (("capacity (feeder)", True), ("ranks calling report()", False)):
         results = []
         for i in range(args.rounds):
-            for fn in (round_recorder, round_old) if i % 2 == 0 else (round_old, round_recorder):
+            order = [round_recorder, _open_recorder, round_old]
+            for fn in order[i % 3:] + order[:i % 3]:  # each consumer goes first in turn
                 r = fn(tmp, args.events * (2 if feed else 1), feed)
                 results.append(r)
                 line = (f"{label}, round {i + 1}: {r['path']:<25} {r['per_s']:>10,.0f} events/s "
@@ -259,11 +338,15 @@ def main() -> None:
                              f"report() {r['worst_report_us']:,.0f} µs")
                 if r["peak_pending"] is not None:
                     line += f"; at most {r['peak_pending']:,} events waiting for the database"
+                if r["per_cpu_s"]:
+                    line += f"; {r['per_cpu_s']:,.0f} events per recorder CPU second"
                 print(line + ")", flush=True)
         report[label] = {"ratio": _summary(label, results), "results": results}
-    cap = statistics.median(r["per_s"] for r in report["capacity (feeder)"]["results"]
-                            if r["path"] == "recorder")
-    print(f"recorder capacity {cap:,.0f} events/s: target >= 100,000 "
+    results = report["capacity (feeder)"]["results"]
+    cap = _median(results, "recorder (CURVE)")
+    per_cpu = statistics.median(r["per_cpu_s"] for r in results if r["path"] == "recorder (CURVE)")
+    print(f"recorder capacity with CURVE {cap:,.0f} events/s ({per_cpu:,.0f} per second of its "
+          f"own CPU: the rate it keeps with a core to itself): target >= 100,000 "
           f"{'met' if cap >= 100_000 else 'MISSED'}")
     print(json.dumps({k: {"ratio": v["ratio"], "per_s": [(r["path"], round(r["per_s"]))
                                                         for r in v["results"]]}

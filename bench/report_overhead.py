@@ -26,7 +26,7 @@ def _drain(address_q, stop_evt):
     reg = Registry(tempfile.mkdtemp(prefix="gpu_lab_bench_") + "/registry.db")
     reg.create_run("bench", status="running")
     rec = Recorder(reg, "bench")
-    address_q.put(rec.address)
+    address_q.put((rec.address, rec.client_key.encode()))  # the run's channel is CURVE
     stop_evt.wait()
     rec.close()
     print(f"recorder stored {rec.written} events", flush=True)
@@ -44,8 +44,8 @@ def main() -> None:
     q, stop = ctx.Queue(), ctx.Event()
     proc = ctx.Process(target=_drain, args=(q, stop))
     proc.start()
-    address = q.get(timeout=60)
-    rep = Reporter(address=address, run_id="bench", rank=0)
+    address, key = q.get(timeout=60)
+    rep = Reporter(address=address, key=key, run_id="bench", rank=0)
 
     # 1. tight loop
     n = 200_000

@@ -230,9 +230,33 @@ def _add_export(subparsers) -> None:
     add_parser(subparsers)
 
 
+# ----------------------------------------------------------------------------------- registry
+
+def _add_registry(subparsers) -> None:
+    p = subparsers.add_parser("registry", help="the run registry: check what of it is readable",
+                              description="Commands about the run registry ($GPU_LAB_HOME/registry.db).")
+    sub = p.add_subparsers(dest="registry_command", metavar="ACTION")
+    check = sub.add_parser(
+        "check", help="integrity check, runs and events per run; exit 1 when not healthy",
+        description="Read the registry without changing it: SQLite's integrity_check, every run and "
+                    "its number of events. Exit status 0 when healthy, 1 when not (damaged or "
+                    "missing), with what to do.")
+    check.add_argument("--path", help="the registry file (default: $GPU_LAB_HOME/registry.db)")
+    check.set_defaults(func=_run_registry_check)
+    p.set_defaults(func=lambda args: _help(p))
+
+
+def _run_registry_check(args: argparse.Namespace) -> int:
+    from .registry import check
+
+    ok, lines = check(args.path)
+    print("\n".join(lines))
+    return 0 if ok else 1
+
+
 # --------------------------------------------------------------------------------------- main
 
-COMMANDS: list[Callable] = [_add_shards, _add_bench, _add_doctor, _add_export]
+COMMANDS: list[Callable] = [_add_shards, _add_bench, _add_doctor, _add_export, _add_registry]
 BENCHES: list[Callable] = [_add_bench_loader, _add_bench_allreduce, _add_bench_io, _add_bench_gpu]
 
 

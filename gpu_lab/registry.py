@@ -2,21 +2,41 @@
 """The run registry: an embedded SQLite database of runs, their configs and their metrics.
 
 It lives at `$GPU_LAB_HOME/registry.db` (default `~/.gpu_lab/`). WAL mode lets the server extension
-and other kernels read while a receiver writes. A run whose supervisor died unseen (the kernel was
-killed, the machine rebooted) is marked `lost` the next time anyone lists runs.
+and other kernels read while a receiver writes. Contracts:
+
+- Readers never write. A run whose supervisor died unseen (the kernel was killed, the machine
+  rebooted) reads as `lost` (worked out from the liveness of its supervisor on every read); the
+  next writer of the registry (a new run, a launcher reaping its supervisor) records it
+  (`persist_lost`).
+- Opening an existing, up-to-date registry takes no lock and writes nothing: only creating or
+  upgrading it does (under `registry.db.lock`). So a reader never waits on a writer.
+- A registry this user cannot write (a read-only mount, a colleague's file) opens read-only, with
+  one `RegistryWarning`; a write then raises `RegistryReadOnlyError` saying what to do.
+- A damaged file raises `RegistryCorruptError` naming the file and how to recover, wherever it is
+  first touched. `gpu-lab registry check` says what is still readable.
+- The writer keeps the WAL bounded: a TRUNCATE checkpoint once it passes CHECKPOINT_BYTES (and
+  `journal_size_limit` for the WAL restarts SQLite makes itself).
+- Private by default: the home folder 0700, the database and its side files 0600, whatever the
+  umask. GPU_LAB_SHARE_GROUP=<group> shares them with that group on purpose (2770 / 0660).
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
 import socket
 import sqlite3
+import stat
 import threading
 import time
+import warnings
+import zlib
 from pathlib import Path
 from typing import Any, Iterable, Sequence
+from urllib.parse import quote
 
+from .access import SHARE_GROUP, group_name, share_gid
 from .stream.events import ACTIVE_STATUSES as ACTIVE
 from .stream.events import KINDS, METRIC
 from .stream.events import STATUSES
@@ -72,40 +92,283 @@ _COLUMNS = ("id", "name", "status", "config", "num_processes", "num_nodes", "nod
 _JSON_COLUMNS = ("config", "resumed_from", "summary")
 
 
+# Stored in the database's user_version once its schema is in place: an existing file whose
+# number matches opens without the lock and without writing. Any change of the schema changes it.
+_VERSION = zlib.crc32((_SCHEMA + _levels.SCHEMA + repr(_ADDED)).encode()) & 0x7FFFFFFF
+_SIDE_FILES = ("", "-wal", "-shm", ".lock")
+_NOTED: set[str] = set()  # registries already noted as read-only in this process
+
+CHECKPOINT_BYTES = 32 * 2**20      # the writer checkpoints (TRUNCATE) a WAL bigger than this
+JOURNAL_SIZE_LIMIT = 16 * 2**20    # what SQLite truncates a WAL to when it restarts it itself
+_CHECKPOINT_WAIT_MS = 1000         # how long a checkpoint waits for readers to move on
+
+
+class RegistryWarning(UserWarning):
+    """The registry opened read-only (said once per file per process)."""
+
+
+class RegistryError(sqlite3.DatabaseError):
+    """The registry file cannot be used as asked; the message says why and what to do."""
+
+    def __init__(self, message: str, path: Path) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class RegistryReadOnlyError(RegistryError, PermissionError):
+    """A write to a registry that this process may only read."""
+
+
+class RegistryCorruptError(RegistryError):
+    """The registry file is damaged or is not a database."""
+
+
 def home() -> Path:
-    """gpu_lab's state directory: $GPU_LAB_HOME, else ~/.gpu_lab."""
+    """gpu_lab's state directory: $GPU_LAB_HOME, else ~/.gpu_lab; made private (0700), or
+    shared with GPU_LAB_SHARE_GROUP's group (2770), when it is ours."""
     p = Path(os.environ.get("GPU_LAB_HOME") or Path.home() / ".gpu_lab")
-    p.mkdir(parents=True, exist_ok=True)
+    dir_mode, _, gid = _modes()
+    if not p.is_dir():
+        try:
+            p.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise PermissionError(f"gpu_lab's home folder {p} cannot be made ({e.strerror}); set "
+                                  "GPU_LAB_HOME to a folder you can write") from None
+    _fix_mode(p, dir_mode, gid)
     return p
 
 
+def _modes() -> tuple[int, int, int | None]:
+    """(folder mode, file mode, group id): private, or shared with GPU_LAB_SHARE_GROUP's group
+    (setgid on the folder, so files made in it later get the group too)."""
+    gid = share_gid()
+    return (0o700, 0o600, None) if gid is None else (0o2770, 0o660, gid)
+
+
+def _fix_mode(p: Path, mode: int, gid: int | None) -> None:
+    """Give p this mode (and group) if it is ours; a file system that refuses (read-only) keeps
+    what it has: the read-only open that follows says so."""
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        return
+    if st.st_uid != os.geteuid():
+        return
+    try:
+        if gid is not None and st.st_gid != gid:
+            os.chown(p, -1, gid)
+        if stat.S_IMODE(st.st_mode) != mode or gid is not None:
+            os.chmod(p, mode)  # after chown: a chown clears the setgid bit
+    except PermissionError:
+        if gid is not None:
+            raise ValueError(f"{SHARE_GROUP}={group_name(gid)}: {p} cannot be given to that group; "
+                             "you must be a member of it (see `id`), or unset "
+                             f"{SHARE_GROUP}") from None
+    except OSError as e:
+        if e.errno != errno.EROFS:
+            raise
+
+
+def _why_read_only(path: Path) -> str | None:
+    """Why this process cannot write the registry at `path` (None: it can)."""
+    folder = path.parent
+    try:
+        ro_fs = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except OSError:
+        ro_fs = False
+    if ro_fs:
+        return f"it is on a read-only file system ({folder})"
+    if path.exists() and not os.access(path, os.W_OK):
+        return f"the file is not writable by you ({_owner_mode(path)})"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"its folder {folder} is not writable by you ({_owner_mode(folder)})"
+    return None
+
+
+def _owner_mode(p: Path) -> str:
+    import pwd
+
+    st = p.stat()
+    try:
+        owner = pwd.getpwuid(st.st_uid).pw_name
+    except KeyError:
+        owner = str(st.st_uid)
+    return f"owner {owner}, mode {stat.S_IMODE(st.st_mode):04o}"
+
+
+def explain(e: sqlite3.Error, path: Path, read_only: str | None = None) -> RegistryError | None:
+    """A RegistryError saying what SQLite's error means for the registry file and what to do;
+    None for errors that are no fault of the file (a bad query, a constraint)."""
+    code = getattr(e, "sqlite_errorcode", 0) & 0xFF
+    if code in (11, 26):  # SQLITE_CORRUPT, SQLITE_NOTADB
+        return RegistryCorruptError(
+            f"the run registry {path} is damaged ({e}). Move it aside (mv {path} "
+            f"{path}.damaged, and its -wal and -shm files if any): a new, empty registry is made "
+            f"on the next use. `gpu-lab registry check --path {path}` shows what is still readable.",
+            path)
+    if code == 8:  # SQLITE_READONLY
+        why = read_only or f"SQLite says: {e}"
+        return RegistryReadOnlyError(
+            f"the run registry {path} is read-only here ({why}): its runs can be read, but no run "
+            "can be recorded in it. To launch or change runs, set GPU_LAB_HOME to a folder you can "
+            "write (e.g. export GPU_LAB_HOME=$HOME/gpu_lab_home).", path)
+    return None
+
+
+class _Conn(sqlite3.Connection):
+    """A registry connection: errors that come from the file become advice (explain), and a
+    writer's commit keeps the WAL bounded (Registry._after_commit)."""
+
+    registry: "Registry"
+
+    def _run(self, method: Any, sql: str, *args: Any) -> sqlite3.Cursor:
+        try:
+            cur = method(self, sql, *args)
+        except sqlite3.DatabaseError as e:
+            better = explain(e, self.registry.path, self.registry.read_only)
+            if better is None:
+                raise
+            raise better from e
+        if sql == "COMMIT":
+            self.registry._after_commit(self)
+        return cur
+
+    def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:  # type: ignore[override]
+        return self._run(sqlite3.Connection.execute, sql, *args)
+
+    def executemany(self, sql: str, *args: Any) -> sqlite3.Cursor:  # type: ignore[override]
+        return self._run(sqlite3.Connection.executemany, sql, *args)
+
+    def executescript(self, sql: str) -> sqlite3.Cursor:  # type: ignore[override]
+        return self._run(sqlite3.Connection.executescript, sql)
+
+
 class Registry:
-    """A handle on the registry database. Cheap to make; one SQLite connection per thread."""
+    """A handle on the registry database. Cheap to make; one SQLite connection per thread.
+    `read_only` says why this process may only read it (None: it may write)."""
 
     def __init__(self, path: str | os.PathLike | None = None) -> None:
         self.path = Path(path) if path is not None else home() / "registry.db"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
-        # Switching a new database to WAL takes an exclusive lock, and SQLite answers a second
-        # process doing the same at that moment with "database is locked" at once, without its
-        # busy timeout (seen: two torchrun ranks opening a fresh registry). So the first-open setup
-        # (WAL, which then persists in the file, and the schema) runs under a file lock.
-        with open(self.path.with_name(self.path.name + ".lock"), "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            with self._conn() as c:
-                c.execute("PRAGMA journal_mode=WAL")
-                c.executescript(_SCHEMA + _levels.SCHEMA)
-                _upgrade(c)
+        self._checkpoint_at = CHECKPOINT_BYTES
+        self.checkpoint_errors = 0  # WAL checkpoints that failed (none is a lost write)
+        self._uri: str | None = None
+        if not self.path.parent.is_dir():
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError:
+                pass  # the check below names the folder and why
+        self.read_only = _why_read_only(self.path)
+        if self.read_only is None:
+            try:
+                self._open_writable()
+            except PermissionError as e:  # the lock file or the database belongs to someone else
+                self.read_only = (f"{e.strerror}: {e.filename}" if e.strerror else
+                                  "SQLite may not write it")
+                self._local = threading.local()
+        if self.read_only is not None:
+            self._open_read_only()
+
+    def _open_writable(self) -> None:
+        _, file_mode, gid = _modes()
+        if not self._up_to_date():
+            # Switching a new database to WAL takes an exclusive lock, and SQLite answers a second
+            # process doing the same at that moment with "database is locked" at once, without its
+            # busy timeout (seen: two torchrun ranks opening a fresh registry). So creation and
+            # upgrade (WAL, which then persists in the file, and the schema) run under a file lock.
+            lock_path = self.path.with_name(self.path.name + ".lock")
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, file_mode)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                # made here with its mode: SQLite gives the -wal and -shm files the database's
+                os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, file_mode))
+                _fix_mode(self.path, file_mode, gid)
+                c = self._conn()
+                if c.execute("PRAGMA user_version").fetchone()[0] != _VERSION:
+                    c.execute("PRAGMA journal_mode=WAL")
+                    c.executescript(_SCHEMA + _levels.SCHEMA)
+                    _upgrade(c)
+                    c.execute(f"PRAGMA user_version={_VERSION}")
+            finally:
+                os.close(fd)
+        for suffix in _SIDE_FILES:
+            _fix_mode(self.path.with_name(self.path.name + suffix), file_mode, gid)
+
+    def _up_to_date(self) -> bool:
+        """Whether the file exists with this schema in WAL mode: then nothing needs writing."""
+        try:
+            if self.path.stat().st_size == 0:
+                return False
+        except FileNotFoundError:
+            return False
+        c = self._conn()
+        return (c.execute("PRAGMA user_version").fetchone()[0] == _VERSION
+                and c.execute("PRAGMA journal_mode").fetchone()[0] == "wal")
+
+    def _open_read_only(self) -> None:
+        if not self.path.exists():
+            raise RegistryReadOnlyError(
+                f"there is no run registry at {self.path}, and none can be made there "
+                f"({self.read_only}); set GPU_LAB_HOME to a folder you can write", self.path)
+        uri = f"file:{quote(os.fspath(self.path.absolute()))}?mode=ro"
+        how = ""
+        for attempt in (uri, uri + "&immutable=1"):
+            self._uri, self._local = attempt, threading.local()
+            try:
+                self._conn().execute("SELECT count(*) FROM sqlite_master").fetchone()
+                break
+            except (sqlite3.OperationalError, RegistryReadOnlyError):
+                # a WAL database on a read-only folder without its -shm file: SQLite can only
+                # read it as immutable (no locks, so changes made meanwhile are not seen)
+                how = "; read as immutable: reopen to see later changes"
+        else:
+            raise RegistryReadOnlyError(
+                f"the run registry {self.path} cannot be read ({self.read_only})", self.path)
+        if os.fspath(self.path) not in _NOTED:
+            _NOTED.add(os.fspath(self.path))
+            warnings.warn(f"gpu_lab: the run registry {self.path} opened read-only: "
+                          f"{self.read_only}{how}. Runs can be listed and attached to; to record "
+                          "runs, set GPU_LAB_HOME to a folder you can write.", RegistryWarning,
+                          stacklevel=3)
 
     def _conn(self) -> sqlite3.Connection:
         c = getattr(self._local, "conn", None)
         if c is None or getattr(self._local, "pid", None) != os.getpid():
-            c = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            if self._uri is not None:
+                c = sqlite3.connect(self._uri, uri=True, timeout=30, isolation_level=None,
+                                    factory=_Conn)
+            else:
+                c = sqlite3.connect(self.path, timeout=30, isolation_level=None, factory=_Conn)
+            c.registry = self
             c.row_factory = sqlite3.Row
             c.execute("PRAGMA busy_timeout=30000")
-            c.execute("PRAGMA synchronous=NORMAL")
+            if self._uri is None:
+                c.execute("PRAGMA synchronous=NORMAL")
+                c.execute(f"PRAGMA journal_size_limit={JOURNAL_SIZE_LIMIT}")
             self._local.conn, self._local.pid = c, os.getpid()
         return c
+
+    def _after_commit(self, c: sqlite3.Connection) -> None:
+        """A writer's commit: past CHECKPOINT_BYTES of WAL, copy it into the database and truncate
+        it (readers holding old snapshots are waited for briefly; if they stay, later). TRUNCATE,
+        not RESTART: the file's size then says what is in it, so this stat is the whole test."""
+        try:
+            size = os.stat(f"{self.path}-wal").st_size
+        except OSError:
+            return
+        if size < self._checkpoint_at:
+            return
+        try:  # the commit is done: whatever happens here must not look like a failed write
+            c.execute(f"PRAGMA busy_timeout={_CHECKPOINT_WAIT_MS}")
+            try:
+                busy = c.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+            finally:
+                c.execute("PRAGMA busy_timeout=30000")
+        except sqlite3.Error:
+            self.checkpoint_errors += 1
+            busy = 1
+        # a reader held on: try again once the WAL has grown by another quarter, not every commit
+        self._checkpoint_at = size + CHECKPOINT_BYTES // 4 if busy else CHECKPOINT_BYTES
 
     # --- runs ------------------------------------------------------------------------------------
     def create_run(self, run_id: str, *, name: str | None = None, config: dict | None = None,
@@ -114,6 +377,7 @@ class Registry:
                    notebook: str | None = None, kind: str = "launch",
                    status: str = "pending", **extra: Any) -> None:
         self._check_status(status)
+        self.persist_lost()  # a writer records what readers only saw
         fields = {"id": run_id, "name": name or run_id, "status": status,
                   "config": config or {}, "num_processes": num_processes,
                   "num_nodes": num_nodes, "node_rank": node_rank, "host": socket.gethostname(),
@@ -157,9 +421,8 @@ class Registry:
         return cur.rowcount > 0
 
     def get_run(self, run_id: str) -> dict | None:
-        self._mark_lost()
         row = self._conn().execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
-        return _row(row) if row else None
+        return self._as_read(_row(row)) if row else None
 
     def find_run(self, run_id_or_name: str) -> dict:
         """The run with this id, else the newest run with this name; KeyError naming the recent
@@ -170,7 +433,7 @@ class Registry:
         hit = self._conn().execute("SELECT * FROM runs WHERE name=? ORDER BY started DESC LIMIT 1",
                                    (run_id_or_name,)).fetchone()
         if hit is not None:
-            return _row(hit)
+            return self._as_read(_row(hit))
         recent = [f"{r['id']} ({r['name']})" for r in self.list_runs(limit=5)]
         raise KeyError(f"no run with id or name {run_id_or_name!r} in {self.path}; recent runs: "
                        f"{', '.join(recent) or '(none)'}")
@@ -179,24 +442,31 @@ class Registry:
                   with_last: bool = False, name: str | None = None) -> list[dict]:
         """Runs, newest first; `with_last` adds each run's last step and last loss. `name` keeps
         the runs whose name contains it."""
-        self._mark_lost()
         q, where, args = "SELECT * FROM runs", [], []
+        wanted = None
         if status is not None:
-            sts = [status] if isinstance(status, str) else list(status)
-            for s in sts:
+            wanted = [status] if isinstance(status, str) else list(status)
+            for s in wanted:
                 self._check_status(s)
-            where.append(f"status IN ({','.join('?' * len(sts))})")
-            args += sts
+            # an active row may read as lost: fetch the active ones too and decide after reading
+            if "lost" in wanted or set(wanted) & set(ACTIVE):
+                sql_sts = list(dict.fromkeys([*wanted, *ACTIVE]))
+            else:
+                sql_sts, wanted = wanted, None
+            where.append(f"status IN ({','.join('?' * len(sql_sts))})")
+            args += sql_sts
         if name is not None:
             where.append("instr(name, ?) > 0")
             args.append(name)
         if where:
             q += " WHERE " + " AND ".join(where)
         q += " ORDER BY started DESC"
-        if limit is not None:
+        if limit is not None and wanted is None:
             q += " LIMIT ?"
             args.append(int(limit))
-        rows = [_row(r) for r in self._conn().execute(q, args).fetchall()]
+        rows = [self._as_read(_row(r)) for r in self._conn().execute(q, args).fetchall()]
+        if wanted is not None:
+            rows = [r for r in rows if r["status"] in wanted][:limit]
         if with_last:
             for r in rows:
                 r.update(_last(r))
@@ -224,8 +494,27 @@ class Registry:
         try:
             base = c.execute("SELECT COALESCE(MAX(seq), 0) FROM events WHERE run_id=?",
                              (run_id,)).fetchone()[0]
-            rows = [(run_id, i, int(e.get("rank", -1)), e["kind"], float(e["t"]), e.get("step"),
-                     _encode(e.get("data") or {})) for i, e in enumerate(events, base + 1)]
+            rows = []
+            for i, e in enumerate(events, base + 1):
+                # strict, so that a writer can find the one event it must not write: what SQLite
+                # would take loosely (a text step, a NaN time as NULL) is refused here
+                try:
+                    step, data, t = e.get("step"), e.get("data") or {}, float(e["t"])
+                    if step is not None and (type(step) is not int or abs(step) >= 2 ** 63):
+                        raise TypeError(f"step {step!r:.40}")
+                    if not isinstance(data, dict):
+                        raise TypeError(f"data of type {type(data).__name__}")
+                    if not -1e308 < t < 1e308:  # NaN and the infinities
+                        raise ValueError(f"time {t}")
+                    rows.append((run_id, i, int(e.get("rank", -1)), str(e["kind"]), t, step,
+                                 _encode(data)))
+                except (TypeError, ValueError, KeyError, AttributeError, RecursionError) as exc:
+                    import reprlib
+
+                    raise ValueError(
+                        f"Registry.add_events: event {i - base} of {len(events)} cannot be "
+                        f"recorded ({exc}): {reprlib.repr(e)}; accepted: an int rank, a finite "
+                        "time t, an int step or None, a dict data of JSON values") from None
             c.executemany("INSERT INTO events (run_id, seq, rank, kind, t, step, data) "
                           "VALUES (?,?,?,?,?,?,?)", rows)
             _levels.record(c, run_id, events, base)  # the levels of its series, in step
@@ -377,24 +666,29 @@ class Registry:
                       (run_id, step, path, time.time()))
 
     # --- lost runs -------------------------------------------------------------------------------
-    def _mark_lost(self) -> None:
-        """Mark runs of this host whose supervisor is gone but whose status is still active."""
-        host = socket.gethostname()
+    def _as_read(self, row: dict) -> dict:
+        """The row as a reader sees it: an active run of this host whose supervisor is gone reads
+        as lost, with the reason and error persist_lost would record (nothing is written)."""
+        if row["status"] in ACTIVE and row.get("host") == socket.gethostname():
+            verdict = _lost_verdict(row)
+            if verdict is not None:
+                row.update(verdict, status="lost", ended=row.get("ended") or time.time())
+        return row
+
+    def persist_lost(self) -> int:
+        """Record as lost the runs of this host whose supervisor is gone but whose status is still
+        active (a writer's job: readers only see them so). Returns how many changed."""
+        if self.read_only is not None:
+            return 0
         rows = self._conn().execute(
             f"SELECT id, pid, pid_started, started FROM runs WHERE host=? AND status IN "
-            f"({','.join('?' * len(ACTIVE))})", (host, *ACTIVE)).fetchall()
+            f"({','.join('?' * len(ACTIVE))})", (socket.gethostname(), *ACTIVE)).fetchall()
+        changed = 0
         for r in rows:
-            if r["pid"] is None:
-                # never got a supervisor: lost if it has been pending for a minute
-                if time.time() - (r["started"] or 0) > 60:
-                    self.set_status(r["id"], "lost", error="the run never started a supervisor")
-                continue
-            if not _alive(r["pid"], r["pid_started"]):
-                self.set_status(r["id"], "lost",
-                                reason="its supervisor process ended without recording a final "
-                                       "status",
-                                error=f"the supervisor (pid {r['pid']}) ended without recording "
-                                      "a final status (killed, or the machine went down)")
+            verdict = _lost_verdict(dict(r))
+            if verdict is not None:  # the guard in set_status lets a final status just recorded win
+                changed += self.set_status(r["id"], "lost", **verdict)
+        return changed
 
     @staticmethod
     def _check_status(status: str) -> None:
@@ -463,6 +757,20 @@ def _to_sql(column: str, value: Any) -> Any:
     if column in _JSON_COLUMNS and value is not None and not isinstance(value, str):
         return json.dumps(value, default=str)
     return value
+
+
+def _lost_verdict(r: dict) -> dict | None:
+    """{reason, error} when this active run's supervisor is gone (or never came), else None."""
+    if r.get("pid") is None:
+        # never got a supervisor: lost if it has been pending for a minute
+        if time.time() - (r.get("started") or 0) > 60:
+            return {"error": "the run never started a supervisor"}
+        return None
+    if _alive(r["pid"], r.get("pid_started")):
+        return None
+    return {"reason": "its supervisor process ended without recording a final status",
+            "error": f"the supervisor (pid {r['pid']}) ended without recording a final status "
+                     "(killed, or the machine went down)"}
 
 
 def _alive(pid: int, started: float | None) -> bool:
@@ -546,3 +854,61 @@ def runs(status: str | Sequence[str] | None = None, name: str | None = None,
     """The runs in the registry, newest first, as a table: `status` keeps those in that status
     (or any of several), `name` those whose name contains it."""
     return RunTable(Registry().list_runs(status=status, name=name, limit=limit, with_last=True))
+
+
+def check(path: str | os.PathLike | None = None) -> tuple[bool, list[str]]:
+    """What of the registry file is readable, without changing it: (healthy, report lines).
+    Runs SQLite's integrity_check, then reads every run and counts its events."""
+    if path is None:
+        path = Path(os.environ.get("GPU_LAB_HOME") or Path.home() / ".gpu_lab") / "registry.db"
+    path = Path(path)
+    lines = [f"registry: {path}"]
+    if not path.is_file():
+        return False, lines + ["no such file (a registry is made on the first launch)"]
+    wal = Path(f"{path}-wal")
+    lines.append(f"size: {path.stat().st_size} bytes"
+                 + (f", WAL {wal.stat().st_size} bytes" if wal.exists() else ""))
+    uri = f"file:{quote(os.fspath(path.absolute()))}?mode=ro"
+    c = sqlite3.connect(uri, uri=True, timeout=5)
+    try:
+        c.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.OperationalError:  # a WAL file on a read-only folder: see Registry
+        c = sqlite3.connect(uri + "&immutable=1", uri=True)
+    except sqlite3.DatabaseError:
+        pass  # damaged: the checks below say how far it reads
+    ok = _check_integrity(c, lines)
+    ok = _check_runs(c, lines) and ok
+    c.close()
+    if not ok:
+        lines.append(f"not healthy: move {path} aside (and its -wal and -shm files); a new, empty "
+                     "registry is made on the next use.")
+    return ok, lines
+
+
+def _check_integrity(c: sqlite3.Connection, lines: list[str]) -> bool:
+    try:
+        res = [r[0] for r in c.execute("PRAGMA integrity_check(20)")]
+    except sqlite3.DatabaseError as e:
+        lines.append(f"integrity_check: cannot run ({e})")
+        return False
+    lines.append("integrity_check: ok" if res == ["ok"] else
+                 "integrity_check: " + "; ".join(res))
+    return res == ["ok"]
+
+
+def _check_runs(c: sqlite3.Connection, lines: list[str]) -> bool:
+    try:
+        runs = c.execute("SELECT id, name, status FROM runs ORDER BY started").fetchall()
+    except sqlite3.DatabaseError as e:
+        lines.append(f"runs: unreadable ({e})")
+        return False
+    lines.append(f"runs: {len(runs)} readable")
+    ok = True
+    for run_id, name, status in runs:
+        try:
+            n = c.execute("SELECT count(*) FROM events WHERE run_id=?", (run_id,)).fetchone()[0]
+            what = f"{n} events"
+        except sqlite3.DatabaseError as e:
+            what, ok = f"events unreadable ({e})", False
+        lines.append(f"  {run_id}  {name}  {status}  {what}")
+    return ok

@@ -5,7 +5,9 @@ which starts torchrun's agent), under Slurm's srun (one task per GPU), in a Kube
 alone. No kernel is listening, so each rank records its own metrics:
 
 - every rank runs a Recorder on loopback in its own process and points gpu_lab.report at it
-  (`GPU_LAB_EVENTS`), so `report()` keeps its never-block promise; the recorder's thread writes the
+  (`GPU_LAB_EVENTS`, with the recorder's own CURVE key in `GPU_LAB_EVENTS_KEY`, which never leaves
+  the rank: another local user cannot push events into it), so `report()` keeps its never-block
+  promise; the run's folder is the owner's only (gpu_lab.access); the recorder's thread writes the
   rank's events into the run's record in the registry (SQLite in WAL mode with a busy timeout:
   concurrent writers wait their turn, and the registry numbers events under its write lock). No
   address has to be agreed between ranks or nodes; `gpu_lab.attach(run_id)` follows such a run
@@ -198,14 +200,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gpu_lab.run_entry: {exc}", file=sys.stderr, flush=True)
         return EXIT_USAGE
 
+    from .access import private_dir, private_if_new
     from .registry import Registry, home
     from .stream import events as ev
     from .stream import reporter as rep
+    from .stream.channel import ENV_KEY
     from .stream.recorder import Recorder
 
     registry = Registry()
     run_dir = home() / "runs" / run_id
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    private_if_new(run_dir.parent)  # runs/
+    private_dir(run_dir)  # the same folder on every local rank, and after a requeue
+    private_dir(run_dir / "logs")
+    if config is not None:  # a folder the user made stays as they made it
+        private_if_new(Path(config.output_dir).expanduser())
     def open_row() -> None:
         _open_row(registry, run_id, topo, config, run_dir,
                   args.name or getattr(fn, "__name__", "run"))
@@ -213,9 +221,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if topo.is_node_leader:
         open_row()
 
+    # this rank's own recorder makes its own channel key: it never leaves this process and its
+    # children (DataLoader workers report too), and no other process needs it (nothing publishes)
     recorder = Recorder(registry, run_id, publish=False)
     os.environ.update({ev.ENV_RUN_ID: run_id, ev.ENV_ADDRESS: recorder.address,
-                       ev.ENV_RUN_DIR: str(run_dir)})
+                       ENV_KEY: recorder.client_key.encode(), ev.ENV_RUN_DIR: str(run_dir)})
     rep.reset_reporter()
     reporter = rep.get_reporter()
     if threading.current_thread() is threading.main_thread():
@@ -240,8 +250,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         failure = triage.from_exception(topo.rank, exc)
         failure.pid = os.getpid()
-        (run_dir / "errors").mkdir(exist_ok=True)
-        (run_dir / "errors" / f"rank{topo.rank}.json").write_text(json.dumps(failure.to_dict()))
+        from .launch.supervisor import write_atomic
+
+        write_atomic(private_dir(run_dir / "errors") / f"rank{topo.rank}.json",
+                     json.dumps(failure.to_dict()).encode())
         traceback.print_exc()
         status, code = "failed", EXIT_FAILED
         error = f"rank {topo.rank}: {type(exc).__name__}: {exc}"

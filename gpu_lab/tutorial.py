@@ -1,8 +1,13 @@
-"""Small helpers the tutorial notebooks share: quick vs full mode, claim-vs-measured tables.
+"""Small helpers the tutorial notebooks share: quick vs full mode, claim-vs-measured tables, and
+the verdicts in those tables.
 
 Quick mode runs every notebook in about a minute on a CPU laptop; full mode uses the model sizes of
-the two articles the tutorials follow (Article A and Article B, named in notebooks/00_overview) and
-needs a GPU server.
+the two articles the tutorials follow (named in notebooks/00_overview) and needs a GPU server.
+
+A verdict is computed, never typed: each verdict function takes the measurement, the claim and the
+threshold, and returns a `Verdict` whose text names the threshold and why it is that. A claim that
+no measurement here can decide gets a verdict that says so: `arithmetic` (a formula, not a
+measurement), `needs_gpu` (full mode measures it) or `not_attempted` (with the reason).
 """
 from __future__ import annotations
 
@@ -14,7 +19,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 
 def _env_flag(name: str) -> bool | None:
@@ -65,7 +70,7 @@ class Claim:
     claimed: str
     measured: str
     source: str = ""
-    verdict: str = ""
+    verdict: "str | Verdict" = ""
 
 
 class ClaimTable:
@@ -98,14 +103,11 @@ class ClaimTable:
 
 def verdict(measured: float, claimed: float, tolerance: float = 0.25,
             higher_is_better: bool = True) -> str:
-    """'holds' / 'does not hold here' / 'exceeds' for a measured ratio against a claimed one."""
+    """'holds' / 'does not hold here' / 'exceeds' for a measured ratio against a claimed one: the
+    label of `ratio_verdict` (which also gives the reason)."""
     if claimed == 0:
         return "n/a"
-    rel = measured / claimed
-    if abs(rel - 1) <= tolerance:
-        return "holds"
-    better = rel > 1 if higher_is_better else rel < 1
-    return "exceeds the claim" if better else "does not hold here"
+    return ratio_verdict(measured, claimed, tolerance, higher_is_better).label
 
 
 def show(obj: Any) -> Any:
@@ -134,3 +136,146 @@ def check_output(captured: Any, expected: str) -> None:
     captured.show()
     if got != expected:
         raise AssertionError(f"the cell printed\n{got!r}\nbut the tutorial expects\n{expected!r}")
+
+
+# ------------------------------------------------------------------------------------- verdicts
+
+HOLDS, FAILS, EXCEEDS = "holds", "does not hold here", "exceeds the claim"
+ARITHMETIC, NEEDS_GPU, NOT_ATTEMPTED = "arithmetic, not measured", "needs a GPU", "not attempted"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The outcome of one claim: `label` (HOLDS, FAILS, ...) and `reason`, which names the
+    threshold and why it is that, or why nothing was measured."""
+
+    label: str
+    reason: str = ""
+
+    @property
+    def holds(self) -> bool:
+        return self.label in (HOLDS, EXCEEDS)
+
+    @property
+    def measured(self) -> bool:
+        return self.label not in (ARITHMETIC, NEEDS_GPU, NOT_ATTEMPTED)
+
+    def __str__(self) -> str:
+        return f"{self.label} ({self.reason})" if self.reason else self.label
+
+
+def _number(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        raise ValueError(f"{name}={value!r}: expected a measured number (int or float, not NaN)")
+    return float(value)
+
+
+def _fmt(x: float) -> str:
+    """3 significant digits, without an exponent for the sizes a table shows (3,046 not 3.05e+03)."""
+    return f"{x:,.0f}" if 1e3 <= abs(x) < 1e9 else f"{x:.3g}"
+
+
+def _samples(name: str, values: Sequence[float]) -> list[float]:
+    vals = [_number(name, v) for v in values]
+    if len(vals) < 2:
+        raise ValueError(f"{name}={values!r}: expected at least 2 runs (seeds) to estimate a spread")
+    return vals
+
+
+def ratio_verdict(measured: float, claimed: float, tolerance: float = 0.25,
+                  higher_is_better: bool = True, why: str = "") -> Verdict:
+    """A measured ratio (a speed-up, a saving) against the article's: HOLDS within ±tolerance of
+    the claim, EXCEEDS beyond it on the good side, FAILS on the other."""
+    measured, claimed = _number("measured", measured), _number("claimed", claimed)
+    if claimed == 0:
+        raise ValueError("claimed=0: a ratio claim needs a non-zero figure")
+    rel = measured / claimed
+    reason = f"{rel:.2f}× the claim; holds within ±{tolerance:.0%}" + (f": {why}" if why else "")
+    if abs(rel - 1) <= tolerance:
+        return Verdict(HOLDS, reason)
+    better = rel > 1 if higher_is_better else rel < 1
+    return Verdict(EXCEEDS if better else FAILS, reason)
+
+
+def at_least(measured: float, threshold: float, why: str, unit: str = "") -> Verdict:
+    """A claim that names no figure, only a direction ("batching is faster"): HOLDS when the
+    measurement reaches `threshold`, chosen (and explained in `why`) above the noise."""
+    measured, threshold = _number("measured", measured), _number("threshold", threshold)
+    label = HOLDS if measured >= threshold else FAILS
+    return Verdict(label, f"{_fmt(measured)}{unit} against a threshold of {_fmt(threshold)}{unit}: {why}")
+
+
+def at_most(measured: float, threshold: float, why: str, unit: str = "") -> Verdict:
+    """The mirror of `at_least`: HOLDS when the measurement stays at or below `threshold`."""
+    measured, threshold = _number("measured", measured), _number("threshold", threshold)
+    label = HOLDS if measured <= threshold else FAILS
+    return Verdict(label, f"{_fmt(measured)}{unit} against a limit of {_fmt(threshold)}{unit}: {why}")
+
+
+def spread(values: Sequence[float]) -> tuple[float, float]:
+    """(mean, sample standard deviation) of per-seed results."""
+    import statistics
+
+    vals = _samples("values", values)
+    return statistics.fmean(vals), statistics.stdev(vals)
+
+
+def gain(baseline: Sequence[float], treated: Sequence[float], min_gain: float, why: str,
+         z: float = 2.0) -> Verdict:
+    """Claim: `treated` beats `baseline` (per-seed results, higher is better). HOLDS when the mean
+    gain is at least `min_gain` and `z` standard errors of the difference; FAILS otherwise, and the
+    reason says whether the difference is inside the noise or of the other sign."""
+    import math
+
+    (ma, sa), (mb, sb) = spread(baseline), spread(treated)
+    diff = mb - ma
+    se = math.sqrt(sa * sa / len(baseline) + sb * sb / len(treated))
+    noise = z * se
+    reason = (f"mean gain {diff:+.3g} ± {se:.2g} (standard error, {len(baseline)} and "
+              f"{len(treated)} seeds); holds from {max(min_gain, noise):.3g}: {why}")
+    if diff >= min_gain and diff > noise:
+        return Verdict(HOLDS, reason)
+    if diff < -noise:
+        return Verdict(FAILS, "the opposite holds here: " + reason)
+    return Verdict(FAILS, "within the noise: " + reason)
+
+
+def follows(driver: Sequence[float], response: Sequence[float], min_ratio: float, why: str) -> Verdict:
+    """Claim: `response` grows with `driver` (the batch with the request rate). HOLDS when the
+    response never falls as the driver rises and grows by at least `min_ratio` from the lowest
+    driver to the highest."""
+    pairs = sorted(zip(_samples("driver", driver), _samples("response", response)))
+    if len(pairs) != len(driver) or len(driver) != len(response):
+        raise ValueError(f"follows: {len(driver)} drivers but {len(response)} responses")
+    ys = [y for _, y in pairs]
+    # 5% slack: a mean batch measured over a second wobbles by a few percent
+    monotone = all(b >= a * 0.95 for a, b in zip(ys, ys[1:]))
+    ratio = ys[-1] / ys[0] if ys[0] > 0 else float("inf")
+    reason = (f"{ys[0]:.3g} → {ys[-1]:.3g} ({ratio:.1f}×) over {pairs[0][0]:g} → {pairs[-1][0]:g}, "
+              f"{'never falling' if monotone else 'falling somewhere'}; holds from {min_ratio:g}×, rising: {why}")
+    return Verdict(HOLDS if monotone and ratio >= min_ratio else FAILS, reason)
+
+
+def equivalent(measured: float, reference: float, rtol: float, why: str) -> Verdict:
+    """Claim: two computations give the same number (accumulated vs one large batch). HOLDS when
+    they agree within `rtol` of the reference."""
+    measured, reference = _number("measured", measured), _number("reference", reference)
+    rel = abs(measured - reference) / max(abs(reference), 1e-12)
+    return Verdict(HOLDS if rel <= rtol else FAILS,
+                   f"relative difference {rel:.1e}, holds up to {rtol:.0e}: {why}")
+
+
+def arithmetic(why: str) -> Verdict:
+    """A claim that is a formula or a definition: shown, never passed off as measured."""
+    return Verdict(ARITHMETIC, why)
+
+
+def needs_gpu(why: str, where: str = "full mode measures it") -> Verdict:
+    """A claim only a GPU can decide, with `where` it is measured (by default this notebook's full
+    mode, which then calls a measuring verdict instead)."""
+    return Verdict(NEEDS_GPU, f"{why}; {where}")
+
+
+def not_attempted(why: str) -> Verdict:
+    """A claim this machine cannot measure (missing weights, no server), with the reason."""
+    return Verdict(NOT_ATTEMPTED, why)

@@ -51,7 +51,7 @@ def test_exported_torchrun_command_runs_two_gloo_ranks_into_the_registry(tmp_pat
 def test_pytorchjob_yaml_has_master_and_workers_with_gpu_limits(tmp_path):
     cfg = TrainConfig(model="resnet50", mixed_precision="bf16", max_steps=1000)
     job = export(cfg, "export_fns:train_tiny", "kubernetes", num_nodes=3, nproc_per_node=8,
-                 image="registry.example.com/team/train:1.2", shm_size="32Gi", name="ResNet 50!",
+                 image="registry.example.com/team/train:1.2", shm_size="32Gi", name="resnet-50",
                  env={"NCCL_DEBUG": "WARN"}, out_dir=tmp_path)
     doc = yaml.safe_load((tmp_path / "pytorchjob.yaml").read_text())
     assert doc["apiVersion"] == "kubeflow.org/v1" and doc["kind"] == "PyTorchJob"
@@ -153,8 +153,9 @@ def test_multinode_torchrun_command_is_read_by_torchrun():
     from torch.distributed.run import parse_args
 
     job = export(TrainConfig(), "export_fns:train_tiny", "torchrun", num_nodes=4,
-                 nproc_per_node=8, port=29401, name="big job")
-    assert "$MASTER_ADDR:29401" in job.command  # unquoted: the shell on each node expands it
+                 nproc_per_node=8, port=29401, name="big-job")
+    # double-quoted, not single: the shell on each node expands it, as one word
+    assert '--rdzv-endpoint="$MASTER_ADDR":29401' in job.command
     args = parse_args([a.replace("$MASTER_ADDR", "10.0.0.7") for a in job.argv[1:]])
     assert (args.nnodes, args.nproc_per_node) == ("4", "8")
     assert (args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id) == ("c10d", "10.0.0.7:29401",

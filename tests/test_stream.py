@@ -23,9 +23,9 @@ def test_report_is_recorded_numbered_and_followed_live(tmp_path):
     reg, rec = _recorder(tmp_path, "r1")
     follower = Receiver(registry=reg)
     got = []
-    follower.follow("r1", got.extend, address=rec.publish_address)
+    follower.follow("r1", got.extend, address=rec.publish_address, key=rec.client_key)
     try:
-        rep = Reporter(address=rec.address, run_id="r1", rank=3, interval=0.01)
+        rep = Reporter(address=rec.address, key=rec.client_key, run_id="r1", rank=3, interval=0.01)
         for s in range(100):
             rep.report(s, loss=1.0 / (s + 1), lr=0.1)
         rep.close(2.0)
@@ -44,7 +44,7 @@ def test_report_is_recorded_numbered_and_followed_live(tmp_path):
 
 def test_a_late_follower_gets_the_whole_record_then_live_events(tmp_path):
     reg, rec = _recorder(tmp_path, "late")
-    rep = Reporter(address=rec.address, run_id="late", rank=0, interval=0.01)
+    rep = Reporter(address=rec.address, key=rec.client_key, run_id="late", rank=0, interval=0.01)
     try:
         for s in range(50):
             rep.report(s, loss=float(s))
@@ -52,7 +52,8 @@ def test_a_late_follower_gets_the_whole_record_then_live_events(tmp_path):
         assert rec.flush(5.0)
         follower = Receiver(registry=reg)
         got = []
-        follower.follow("late", got.extend, address=rec.publish_address)
+        follower.follow("late", got.extend, address=rec.publish_address,
+                        key=rec.client_key)
         wait_until(lambda: len(got) >= 50, 10, what="the recorded history")
         for s in range(50, 80):
             rep.report(s, loss=float(s))
@@ -73,7 +74,8 @@ def test_the_recorder_stays_bounded_and_every_report_is_stored_or_counted(tmp_pa
     reg, rec = _recorder(tmp_path, "busy", max_pending=5_000)
     blocker = sqlite3.connect(tmp_path / "registry.db", isolation_level=None)
     blocker.execute("BEGIN IMMEDIATE")  # the recorder's next write waits for this
-    rep = Reporter(address=rec.address, run_id="busy", rank=0, interval=0.005, maxlen=2_000)
+    rep = Reporter(address=rec.address, key=rec.client_key, run_id="busy", rank=0, interval=0.005,
+                   maxlen=2_000)
     worst = 0.0
     try:
         for s in range(100_000):
@@ -126,7 +128,7 @@ def test_tensor_values_are_converted_off_the_training_thread(tmp_path):
 
     reg, rec = _recorder(tmp_path, "t")
     try:
-        rep = Reporter(address=rec.address, run_id="t", rank=0, interval=0.01)
+        rep = Reporter(address=rec.address, key=rec.client_key, run_id="t", rank=0, interval=0.01)
         rep.report(0, loss=torch.tensor(0.25), acc=torch.tensor([1.0, 0.0]), bad="x")
         rep.close(2.0)
         wait_until(lambda: reg.events("t"), 10, what="the event")

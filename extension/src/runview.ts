@@ -398,8 +398,7 @@ export class RunView extends Widget {
       this._notes.append(el('div', 'jp-GpuLab-empty', 'Nothing noted yet (checkpoints, warnings and dropped reports show here).'));
     }
     for (const e of notes.slice().reverse()) {
-      const text = e.kind === 'dropped'
-        ? `dropped ${e.data.count} report(s): the run reported faster than it could be recorded`
+      const text = e.kind === 'dropped' ? droppedText(e.data)
         : String(e.data.text ?? e.data.message ?? JSON.stringify(e.data));
       const row = el('div', `jp-GpuLab-rv-notes-item jp-mod-${e.kind}`);
       row.append(el('span', 'jp-GpuLab-rv-notes-time', clock(e.t)),
@@ -571,4 +570,18 @@ export class RunView extends Widget {
   private _lastDraw = 0;
   /** the record's seq when Checkpoint now was pressed (0: not waiting for a save) */
   private _checkpointAskedAt = 0;
+}
+
+/** A `dropped` note: reports lost on the way (the run reported faster than it could be recorded)
+ * and reports refused because they could not be recorded, with the reasons. */
+function droppedText(data: Record<string, any>): string {
+  const parts: string[] = [];
+  if (Number(data.count) > 0) {
+    parts.push(`dropped ${data.count} report(s): the run reported faster than it could be recorded`);
+  }
+  if (Number(data.refused) > 0) {
+    const why = Object.entries(data.why ?? {}).map(([k, n]) => `${k}: ${n}`).join('; ');
+    parts.push(`refused ${data.refused} report(s) that could not be recorded` + (why ? ` (${why})` : ''));
+  }
+  return parts.join('; ') || String(data.text ?? 'reports dropped');
 }

@@ -1,4 +1,4 @@
-"""gpu_lab.cases: the articles' worked cases at a scale a laptop can run.
+"""gpu_lab.cases: worked cases at a scale a laptop can run.
 
     diffusion   captioned WebDataset shards (.jpg + .txt), a caption-conditioned pixel-space UNet
                 (diffusers), EMA weights and sample grids; `train_diffusion(config)` runs under

@@ -1,6 +1,6 @@
-"""Text-to-image diffusion at toy scale: the fine-tuning flow of Article A, offline.
+"""Text-to-image diffusion at toy scale: a Stable Diffusion fine-tuning flow, offline.
 
-Stable Diffusion fine-tuning, as the article describes it, is: captioned images as WebDataset shards,
+Stable Diffusion fine-tuning, as it is usually done, is: captioned images as WebDataset shards,
 a config dict (batch 16, 20 epochs, lr 3e-5, AdamW, cosine, accumulation 4), `torchrun ... --precision
 bf16`, then FID and CLIP score. Every piece of that runs here, small and with no downloaded weights:
 

@@ -14,6 +14,12 @@ Two forms of the same images:
   (`out_dir/<class name>/<index>.jpg`), the input of `write_shards` and of the loader benchmark;
 - `SyntheticImages(n, ...)` renders tensors on the fly (about 0.1 ms for a 32 px image), for quick CPU
   runs and tutorials that need no files at all.
+
+Both take `class_ids`, a subset of the full class list to use as the data set's classes: with
+`TEXTURE_CLASSES` (one shape and colour, three textures) the classes differ only in a pattern a few
+pixels wide, so an input too small to show it cannot tell them apart, which is what an input-size
+experiment needs. `SyntheticImages(render_size=...)` draws each image at that size and downsamples it
+(area average) to `image_size`, as a camera image is downsampled to a network's input.
 """
 from __future__ import annotations
 
@@ -33,6 +39,9 @@ TEXTURES = ("solid", "stripes", "dots", "checker")
 # 8 and 9 are coprime, so classes 0..71 all have a distinct (shape, colour) pair; the texture
 # separates the next blocks of 72.
 MAX_CLASSES = len(SHAPES) * len(COLOURS) * len(TEXTURES)
+# A red disk with stripes, with dots, with checks: told apart by texture alone (the period of the
+# pattern is about a tenth of the image side, so below about 24 px it averages away).
+TEXTURE_CLASSES = (72, 144, 216)
 IMAGE_FORMATS = ("jpg", "png")
 
 # Hue in degrees of each colour name; "white" is drawn unsaturated.
@@ -49,10 +58,31 @@ def class_spec(label: int) -> tuple[str, str, str]:
 def class_names(num_classes: int) -> list[str]:
     """Folder names, in label order (zero-padded, so ImageFolder's sorted order is label order)."""
     _check_num_classes(num_classes)
+    return _names(list(range(num_classes)))
+
+
+def _class_ids(num_classes: int, class_ids) -> list[int]:
+    """The full-list class of each label: 0..num_classes-1, or `class_ids` (checked)."""
+    if class_ids is None:
+        _check_num_classes(num_classes)
+        return list(range(num_classes))
+    ids = list(class_ids)
+    if (len(ids) < 2 or len(set(ids)) != len(ids)
+            or not all(isinstance(c, int) and 0 <= c < MAX_CLASSES for c in ids)):
+        raise ValueError(f"class_ids={class_ids!r}: expected at least 2 distinct ints in "
+                         f"[0, {MAX_CLASSES})")
+    if num_classes != len(ids):
+        raise ValueError(f"num_classes={num_classes!r} but class_ids has {len(ids)} classes: pass "
+                         f"num_classes=len(class_ids)")
+    return ids
+
+
+def _names(ids: list[int]) -> list[str]:
+    """Folder names of labels 0..len(ids)-1 (zero-padded by label, so sorted order is label order)."""
     names = []
-    for c in range(num_classes):
+    for k, c in enumerate(ids):
         shape, colour, texture = class_spec(c)
-        names.append(f"{c:03d}_{colour}_{shape}" + ("" if texture == "solid" else f"_{texture}"))
+        names.append(f"{k:03d}_{colour}_{shape}" + ("" if texture == "solid" else f"_{texture}"))
     return names
 
 
@@ -169,23 +199,25 @@ class SyntheticImageSet:
 
 def make_synthetic_images(out_dir: str | os.PathLike, n: int, image_size: int = 64,
                           num_classes: int = 10, seed: int = 0, fmt: str = "jpg",
-                          quality: int = 90, progress: bool = False) -> SyntheticImageSet:
+                          quality: int = 90, progress: bool = False,
+                          class_ids=None) -> SyntheticImageSet:
     """Write `n` images in ImageFolder layout: `out_dir/<class name>/<index:07d>.<fmt>`.
 
     Deterministic: the same (n, image_size, num_classes, seed, fmt, quality) gives byte-identical
     files. Classes are balanced (image i has class i % num_classes). Files already in `out_dir`
-    with the same names are overwritten; others are left alone.
+    with the same names are overwritten; others are left alone. `class_ids` (see the module
+    docstring) picks the classes; num_classes must then be len(class_ids).
     """
     from PIL import Image
 
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"n={n!r}: expected a positive int (number of images)")
     _check_image_size(image_size)
-    _check_num_classes(num_classes)
+    ids = _class_ids(num_classes, class_ids)
     if fmt not in IMAGE_FORMATS:
         raise ValueError(f"fmt={fmt!r}: expected one of {IMAGE_FORMATS}")
     root = Path(out_dir)
-    names = class_names(num_classes)
+    names = _names(ids)
     for name in names:
         (root / name).mkdir(parents=True, exist_ok=True)
     bar = None
@@ -196,7 +228,7 @@ def make_synthetic_images(out_dir: str | os.PathLike, n: int, image_size: int = 
     total = 0
     for i, label in enumerate(labels_for(n, num_classes)):
         path = root / names[label] / f"{i:07d}.{fmt}"
-        img = Image.fromarray(render(i, label, image_size, seed))
+        img = Image.fromarray(render(i, ids[label], image_size, seed))
         if fmt == "jpg":
             img.save(path, format="JPEG", quality=quality)
         else:
@@ -215,18 +247,26 @@ class SyntheticImages(Dataset):
 
     `ds[i]` is `(image, label)`: a float32 tensor of shape (3, image_size, image_size) in [0, 1]
     (passed through `transform` if one is given) and an int. Works with any number of DataLoader
-    workers: item i depends only on (seed, i).
+    workers: item i depends only on (seed, i). `class_ids` and `render_size` (at least
+    image_size): see the module docstring.
     """
 
     def __init__(self, n: int, image_size: int = 32, num_classes: int = 10, seed: int = 0,
-                 transform: Callable | None = None) -> None:
+                 transform: Callable | None = None, class_ids=None,
+                 render_size: int | None = None) -> None:
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"n={n!r}: expected a positive int (number of images)")
         _check_image_size(image_size)
-        _check_num_classes(num_classes)
+        self.ids = _class_ids(num_classes, class_ids)
+        if render_size is not None:
+            _check_image_size(render_size)
+            if render_size < image_size:
+                raise ValueError(f"render_size={render_size!r}: expected at least image_size="
+                                 f"{image_size} (images are drawn large, then downsampled)")
         self.n, self.image_size, self.num_classes, self.seed = n, image_size, num_classes, seed
+        self.render_size = render_size
         self.transform = transform
-        self.classes = class_names(num_classes)
+        self.classes = _names(self.ids)
 
     def __len__(self) -> int:
         return self.n
@@ -238,12 +278,20 @@ class SyntheticImages(Dataset):
             raise IndexError(f"index {index} out of range for SyntheticImages of length {self.n}")
         index %= self.n
         label = index % self.num_classes
-        arr = render(index, label, self.image_size, self.seed)
+        arr = render(index, self.ids[label], self.render_size or self.image_size, self.seed)
+        if self.render_size not in (None, self.image_size):
+            from PIL import Image
+
+            # BOX = the mean of the pixels each output pixel covers: detail finer than a pixel
+            # averages out instead of aliasing
+            arr = np.array(Image.fromarray(arr).resize((self.image_size,) * 2, Image.BOX))
         img = torch.from_numpy(arr).permute(2, 0, 1).float().div_(255.0)
         if self.transform is not None:
             img = self.transform(img)
         return img, label
 
     def __repr__(self) -> str:
+        extra = "" if self.ids == list(range(self.num_classes)) else f", class_ids={self.ids}"
+        extra += f", render_size={self.render_size}" if self.render_size else ""
         return (f"SyntheticImages(n={self.n}, image_size={self.image_size}, "
-                f"num_classes={self.num_classes}, seed={self.seed})")
+                f"num_classes={self.num_classes}, seed={self.seed}{extra})")

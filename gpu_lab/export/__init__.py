@@ -14,6 +14,13 @@ TrainJob + ConfigMap, optionally a ClusterTrainingRuntime). `gpu_lab.export.graf
 Grafana dashboard for the server's Prometheus metrics. Every rank of every target runs
 `python -m gpu_lab.run_entry`, which records the run in the registry. Nothing here imports torch,
 widgets or jupyter.
+
+Exported files hold exactly what was asked (contracts in .checks and .quoting): every field is
+checked when the JobSpec is made, and a value is either refused (ValueError naming the field, the
+value and the rule; control characters such as newlines everywhere, Slurm and Kubernetes names
+by their rules) or written so that it arrives intact: shell-quoted in commands and scripts, by
+the YAML serializer in manifests. The one exception, on purpose: a value that is exactly `$NAME`
+or `${NAME}` (master_addr, env values, config_path, python) is expanded by the node's shell.
 """
 from __future__ import annotations
 
@@ -23,8 +30,9 @@ from typing import Any, Callable
 from ..config import TrainConfig
 from .accelerate_launch import accelerate_config_yaml, accelerate_launch
 from .entry import EntryError, entry_of, parse_entry, resolve_entry
-from .job import Export, JobSpec, k8s_name, shell_join
+from .job import Export, JobSpec, k8s_name
 from .kubernetes import configmap_yaml, kubernetes, pytorchjob_yaml
+from .quoting import shell_join
 from .slurm import sbatch_script, slurm
 from .torchrun import torchrun, torchrun_argv
 from .trainjob import runtime_manifest, trainjob, trainjob_manifest
@@ -45,8 +53,8 @@ def export(config: TrainConfig | dict | None, entry: str | Callable, target: str
 
     target: one of TARGETS, or "all" (a dict target -> Export). `job`: the JobSpec fields
     (num_nodes, nproc_per_node, name, device, master_addr, port, rdzv_backend, image, shm_size,
-    time_limit, partition, account, cpus_per_task, env, config_path, runtime, define_runtime,
-    check_import, ...).
+    namespace, time_limit, partition, account, qos, cpus_per_task, env, config_path, python,
+    runtime, define_runtime, check_import).
     With out_dir, every file (config.json included) is written there. All input is checked
     before anything is written.
     """

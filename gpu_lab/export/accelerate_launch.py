@@ -1,57 +1,69 @@
-"""`accelerate launch` with an accelerate config YAML (what `accelerate config` would write)."""
+"""`accelerate launch` with an accelerate config YAML (what `accelerate config` would write).
+
+The YAML is dumped by the serializer (gpu_lab.export.quoting.dump_yaml); the command is built
+from shell words, so environment values and the rendezvous host reach accelerate as given (a
+master_addr of exactly `$NAME` / `${NAME}` goes on the command line, expanded by the node's
+shell; a host name goes into the YAML).
+"""
 from __future__ import annotations
 
-import json
-
-from .job import Export, JobSpec, shell_join
+from .checks import is_var_ref
+from .job import Export, JobSpec
+from .quoting import Ref, dump_yaml, env_assignment, shell_join, value
 
 CONFIG_FILE = "accelerate_config.yaml"
 
 
-def accelerate_config_yaml(spec: JobSpec) -> str:
-    """accelerate's config file for `spec`. accelerate counts num_processes over all machines."""
+def accelerate_config(spec: JobSpec) -> dict:
+    """accelerate's config for `spec`. accelerate counts num_processes over all machines."""
     total = spec.world_size
     if spec.device == "cpu":
         dist = "MULTI_CPU" if total > 1 else "NO"
     else:
         dist = "MULTI_GPU" if total > 1 else "NO"
-    lines = [
-        f"# accelerate config for {spec.name}: {spec.num_nodes} node(s) x {spec.nproc_per_node} "
-        f"{'GPU(s)' if spec.device == 'cuda' else 'CPU process(es)'}",
-        "# use: accelerate launch --config_file accelerate_config.yaml ...",
-        "compute_environment: LOCAL_MACHINE",
-        f"distributed_type: {dist}",
-        f"num_machines: {spec.num_nodes}",
-        f"num_processes: {total}  # over all machines: {spec.num_nodes} x {spec.nproc_per_node}",
-        "machine_rank: 0  # each node passes its own --machine_rank on the command line",
-        f"mixed_precision: {spec.config.mixed_precision}",
-        f"use_cpu: {'true' if spec.device == 'cpu' else 'false'}",
-        "gpu_ids: all",
-        "downcast_bf16: 'no'",
-        "debug: false",
-        "enable_cpu_affinity: false",
-        "main_training_function: main",
-        "tpu_env: []",
-        "tpu_use_cluster: false",
-        "tpu_use_sudo: false",
-    ]
+    doc = {
+        "compute_environment": "LOCAL_MACHINE",
+        "distributed_type": dist,
+        "num_machines": spec.num_nodes,
+        "num_processes": total,
+        "machine_rank": 0,
+        "mixed_precision": spec.config.mixed_precision,
+        "use_cpu": spec.device == "cpu",
+        "gpu_ids": "all",
+        "downcast_bf16": "no",
+        "debug": False,
+        "enable_cpu_affinity": False,
+        "main_training_function": "main",
+        "tpu_env": [],
+        "tpu_use_cluster": False,
+        "tpu_use_sudo": False,
+    }
     if spec.num_nodes > 1:
-        lines += [f"main_process_port: {spec.port}",
-                  f"rdzv_backend: {spec.rdzv_backend}",
-                  "same_network: true"]
-        if not spec.master_addr.startswith("$"):
-            lines.append(f"main_process_ip: {json.dumps(spec.master_addr)}")
-    return "\n".join(lines) + "\n"
+        doc.update(main_process_port=spec.port, rdzv_backend=spec.rdzv_backend,
+                   same_network=True)
+        if not is_var_ref(spec.master_addr):
+            doc["main_process_ip"] = spec.master_addr
+    return doc
+
+
+def accelerate_config_yaml(spec: JobSpec) -> str:
+    what = "GPU(s)" if spec.device == "cuda" else "CPU process(es)"
+    return dump_yaml(
+        f"# accelerate config for {spec.name}: {spec.num_nodes} node(s) x {spec.nproc_per_node} "
+        f"{what}\n# use: accelerate launch --config_file {CONFIG_FILE} ...\n"
+        f"# num_processes counts all machines ({spec.num_nodes} x {spec.nproc_per_node}); each "
+        "node passes\n# its own --machine_rank on the command line\n",
+        accelerate_config(spec))
 
 
 def accelerate_launch(spec: JobSpec) -> Export:
-    argv = ["accelerate", "launch", "--config_file", CONFIG_FILE]
+    argv: list = ["accelerate", "launch", "--config_file", CONFIG_FILE]
     if spec.num_nodes > 1:
-        argv += ["--machine_rank", "${NODE_RANK}"]
-        if spec.master_addr.startswith("$"):
-            argv += ["--main_process_ip", spec.master_addr]
+        argv += ["--machine_rank", Ref("${NODE_RANK}")]
+        if is_var_ref(spec.master_addr):
+            argv += ["--main_process_ip", value(spec.master_addr)]
     argv += spec.run_entry_args()
-    command = shell_join([f"{k}={v}" for k, v in spec.env.items()] + argv)
+    command = shell_join([env_assignment(k, v) for k, v in spec.env.items()] + argv)
     n = spec.num_nodes
     text = [
         "`accelerate launch` reads the machine layout from `accelerate_config.yaml` (the file "

@@ -20,7 +20,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     "PyTorchJob (kubernetes) or a Kubeflow Trainer v2 TrainJob (trainjob). Every "
                     "rank runs `python -m gpu_lab.run_entry`, which records the run in the "
                     "registry. `grafana` writes a Grafana dashboard (JSON) for the Prometheus "
-                    "metrics of gpu_lab's Jupyter server and DCGM-exporter.")
+                    "metrics of gpu_lab's Jupyter server and DCGM-exporter.",
+        epilog="Values are written exactly as given: shell-quoted in commands and the sbatch "
+               "script, by a YAML serializer in manifests. One exception, on purpose: a "
+               "--master-addr or --env value that is exactly $NAME or ${NAME} is expanded by the "
+               "shell on the node (quote it when you type it: --env 'DATA=$SCRATCH'); anything "
+               "else with a $ (a$HOME, $(cmd), ${X:-y}) stays literal, and Kubernetes env values "
+               "are always literal. Refused, with exit code 2 and the rule: control characters "
+               "(newlines, tabs) in any value, and names that Slurm or Kubernetes would not "
+               "accept as given (--name and --namespace: lower-case letters, digits and '-'; "
+               "--partition, --account, --qos: letters, digits, '_', '.', '-').")
     p.add_argument("target", choices=TARGET_CHOICES, help="what to export")
     p.add_argument("--entry", metavar="MODULE:FUNCTION",
                    help="the training function, e.g. gpu_lab.train:train_classifier (every "
@@ -31,11 +40,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--nodes", type=int, default=1, help="number of nodes (default 1)")
     p.add_argument("--gpus-per-node", type=int, default=None,
                    help="processes per node, one per GPU (default: the config's num_processes, else 1)")
-    p.add_argument("--name", help="job name (default gpu-lab-<model>)")
+    p.add_argument("--name", help="job name: lower-case letters, digits and '-', at most 48 "
+                                  "(default gpu-lab-<model>)")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="cpu: gloo ranks, no GPU request (to try a job on CPU nodes)")
     p.add_argument("--master-addr", default="$MASTER_ADDR",
-                   help="rendezvous host for multi-node torchrun/accelerate (default $MASTER_ADDR)")
+                   help="rendezvous host for multi-node torchrun/accelerate: a host name, an "
+                        "IPv4 address, or exactly $NAME / ${NAME}, expanded on each node "
+                        "(default $MASTER_ADDR)")
     p.add_argument("--port", type=int, default=29400, help="rendezvous port (default 29400)")
     p.add_argument("--rdzv-backend", choices=("c10d", "static"), default="c10d")
     p.add_argument("--image", default="gpu-lab:latest", help="container image (Kubernetes)")
@@ -48,9 +60,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--time", dest="time_limit", default="24:00:00", help="Slurm time limit")
     p.add_argument("--partition", help="Slurm partition")
     p.add_argument("--account", help="Slurm account")
+    p.add_argument("--qos", help="Slurm quality of service")
     p.add_argument("--cpus-per-task", type=int, default=8, help="CPUs per rank (Slurm)")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
-                   help="environment variable for every rank (repeatable)")
+                   help="environment variable for every rank (repeatable); VALUE is literal "
+                        "unless it is exactly $NAME or ${NAME}")
     p.add_argument("--no-check-import", action="store_true",
                    help="do not import MODULE here (it exists only on the cluster)")
     p.add_argument("--explain", action="store_true", help="also print the explanation")
@@ -90,7 +104,9 @@ def _jobs(args: argparse.Namespace) -> int:
     for item in args.env:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            print(f"gpu-lab export: --env: got {item!r}; expected KEY=VALUE", file=sys.stderr)
+            why = "its name (before '=') is empty" if sep else "it has no '='"
+            print(f"gpu-lab export: --env: got {item!r}, but {why}; expected NAME=VALUE",
+                  file=sys.stderr)
             return 2
         env[key] = value
     try:
@@ -100,7 +116,7 @@ def _jobs(args: argparse.Namespace) -> int:
                       device=args.device, master_addr=args.master_addr, port=args.port,
                       rdzv_backend=args.rdzv_backend, image=args.image, shm_size=args.shm_size,
                       namespace=args.namespace, time_limit=args.time_limit,
-                      partition=args.partition, account=args.account,
+                      partition=args.partition, account=args.account, qos=args.qos,
                       cpus_per_task=args.cpus_per_task, env=env, runtime=args.runtime,
                       define_runtime=args.define_runtime,
                       check_import=not args.no_check_import)

@@ -1,4 +1,10 @@
-"""JobSpec (what to run, where, on how much hardware) and Export (what an exporter produces)."""
+"""JobSpec (what to run, where, on how much hardware) and Export (what an exporter produces).
+
+Every field is checked on construction (gpu_lab.export.checks): a value is accepted as given or
+refused with a message naming the field, the value and the rule; nothing is rewritten, except
+that the default job name is made from the model's name. How accepted values are written into
+files is gpu_lab.export.quoting's contract.
+"""
 from __future__ import annotations
 
 import re
@@ -7,15 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
+from . import checks
 from ..config import TrainConfig
 from .entry import EntryError, parse_entry, resolve_entry
+from .quoting import shell_join, value
 
 DEVICES = ("cuda", "cpu")
 RDZV_BACKENDS = ("c10d", "static")
-_TIME = re.compile(r"^(\d+-)?\d{1,3}(:\d{2}){0,2}$")            # Slurm: [D-]HH[:MM[:SS]]
-_QUANTITY = re.compile(r"^\d+(\.\d+)?(Ki|Mi|Gi|Ti|K|M|G|T)?$")   # Kubernetes resource quantity
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_DNS_1123 = re.compile(r"^(?=.{1,63}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
 @dataclass
@@ -23,8 +27,10 @@ class JobSpec:
     """A training job for a cluster: the function, its TrainConfig and the hardware.
 
     Every field is checked on construction; an error names the field, the value and what is
-    accepted. `check_import=False` skips importing the entry here (when the module exists only
-    on the cluster); its syntax is still checked.
+    accepted. master_addr, config_path, python and env values that are exactly `$NAME` or
+    `${NAME}` are expanded by the shell on the node (see gpu_lab.export.quoting); every other
+    value is literal. `check_import=False` skips importing the entry here (when the module
+    exists only on the cluster); its syntax is still checked.
     """
 
     entry: str
@@ -43,6 +49,7 @@ class JobSpec:
     time_limit: str = "24:00:00"
     partition: str | None = None
     account: str | None = None
+    qos: str | None = None
     cpus_per_task: int = 8
     # Kubernetes
     image: str = "gpu-lab:latest"
@@ -64,11 +71,27 @@ class JobSpec:
             from .entry import entry_of
 
             self.entry = entry_of(self.entry)
+        checks.text("JobSpec.entry", self.entry)
         parse_entry(self.entry)
+        self.entry = self.entry.strip()  # the address itself; spaces around it mean nothing
         if self.check_import:
             resolve_entry(self.entry)
         if self.nproc_per_node is None:
             self.nproc_per_node = self.config.num_processes or 1
+        self._check_numbers()
+        self._check_choices()
+        self._check_slurm()
+        self._check_kubernetes()
+        self.master_addr = checks.master_addr("JobSpec.master_addr", self.master_addr)
+        checks.word("JobSpec.config_path", self.config_path, "a path (write './-x' for '-x')")
+        checks.word("JobSpec.python", self.python, "a program name or path")
+        self.env = checks.env("JobSpec.env", self.env)
+        if self.name is None:
+            self.name = k8s_name(f"gpu-lab-{self.config.model}")
+        else:
+            checks.dns_label("JobSpec.name", self.name, checks.MAX_NAME, _suggest(self.name))
+
+    def _check_numbers(self) -> None:
         for name, lo in (("num_nodes", 1), ("nproc_per_node", 1), ("port", 1),
                          ("cpus_per_task", 1)):
             v = getattr(self, name)
@@ -78,6 +101,8 @@ class JobSpec:
                 raise ValueError(f"JobSpec.{name}: got {v}; accepted: an int >= {lo}")
         if self.port > 65535:
             raise ValueError(f"JobSpec.port: got {self.port}; accepted: 1..65535")
+
+    def _check_choices(self) -> None:
         if self.device not in DEVICES:
             raise ValueError(f"JobSpec.device: got {self.device!r}; accepted: "
                              f"{', '.join(map(repr, DEVICES))}")
@@ -87,28 +112,32 @@ class JobSpec:
         if self.device == "cpu" and self.config.mixed_precision == "fp16":
             raise ValueError("JobSpec.device: 'cpu' with TrainConfig.mixed_precision='fp16'; "
                              "fp16 needs a GPU (accepted on CPU: 'no', 'bf16')")
-        if not isinstance(self.master_addr, str) or not self.master_addr.strip():
-            raise ValueError(f"JobSpec.master_addr: got {self.master_addr!r}; expected a host "
-                             "name, an address or a shell variable such as '$MASTER_ADDR'")
-        if not _TIME.match(str(self.time_limit)):
-            raise ValueError(f"JobSpec.time_limit: got {self.time_limit!r}; accepted: Slurm's "
-                             "[D-]HH[:MM[:SS]], e.g. '24:00:00' or '2-00:00:00'")
-        if not _QUANTITY.match(str(self.shm_size)):
-            raise ValueError(f"JobSpec.shm_size: got {self.shm_size!r}; accepted: a Kubernetes "
-                             "quantity such as '16Gi' or '512Mi'")
-        for k in self.env:
-            if not _ENV_NAME.match(str(k)):
-                raise ValueError(f"JobSpec.env: {k!r} is not a valid environment variable name")
-        self.env = {str(k): str(v) for k, v in self.env.items()}
-        if self.runtime is not None and not _DNS_1123.match(str(self.runtime)):
-            raise ValueError(f"JobSpec.runtime: got {self.runtime!r}; accepted: a Kubernetes "
-                             "name (lower-case letters, digits and '-', at most 63 characters), "
-                             "e.g. 'torch-distributed'")
+
+    def _check_slurm(self) -> None:
+        checks.pattern("JobSpec.time_limit", self.time_limit, checks.SLURM_TIME,
+                       "one of Slurm's time formats, MM, MM:SS, [D-]HH[:MM[:SS]] or UNLIMITED, "
+                       "e.g. '24:00:00' or '2-00:00:00'", 64)
+        if self.partition is not None:
+            checks.slurm_name("JobSpec.partition", self.partition, "partition", allow_list=True)
+        if self.account is not None:
+            checks.slurm_name("JobSpec.account", self.account, "account")
+        if self.qos is not None:
+            checks.slurm_name("JobSpec.qos", self.qos, "QOS")
+
+    def _check_kubernetes(self) -> None:
+        checks.pattern("JobSpec.shm_size", self.shm_size, checks.QUANTITY,
+                       "a Kubernetes quantity such as '16Gi' or '512Mi'", 64)
+        checks.pattern("JobSpec.image", self.image, checks.IMAGE,
+                       "a container image reference, [registry[:port]/]path[:tag][@digest] "
+                       "with a lower-case path, e.g. 'registry.example.com/team/train:1.2'", 255)
+        if self.namespace is not None:
+            checks.dns_label("JobSpec.namespace", self.namespace, hint=", e.g. 'team-a'")
+        if self.runtime is not None:
+            checks.dns_subdomain("JobSpec.runtime", self.runtime, "torch-distributed")
         if self.define_runtime and self.runtime == "torch-distributed":
             raise ValueError("JobSpec.runtime: 'torch-distributed' with define_runtime=True would "
                              "replace the cluster's stock runtime; name yours, e.g. "
                              "runtime='gpu-lab-torch'")
-        self.name = k8s_name(self.name or f"gpu-lab-{self.config.model}")
 
     @property
     def world_size(self) -> int:
@@ -118,23 +147,33 @@ class JobSpec:
     def function_name(self) -> str:
         return self.entry.split(":", 1)[1]
 
-    def run_entry_args(self, config_path: str | None = None) -> list[str]:
+    def run_entry_args(self, config_path: str | None = None) -> list:
         """`-m gpu_lab.run_entry MODULE:FUNCTION --config PATH`: what every rank runs."""
-        return ["-m", "gpu_lab.run_entry", self.entry, "--config", config_path or self.config_path]
+        return ["-m", "gpu_lab.run_entry", self.entry, "--config",
+                value(config_path or self.config_path)]
 
     def config_json(self) -> str:
         return self.config.to_json(indent=1) + "\n"
 
 
 def k8s_name(name: str) -> str:
-    """A DNS-1123 name (lower-case letters, digits, '-'; starts and ends alphanumeric), short
-    enough that the operator's pod names ('<name>-worker-12') stay under 63 characters."""
+    """`name` made into a DNS-1123 name (lower-case letters, digits, '-'; starts and ends
+    alphanumeric), short enough that the operator's pod names ('<name>-worker-12') stay under 63
+    characters. Used for the default job name (from the model); a name the user gives is checked,
+    not rewritten."""
     s = re.sub(r"[^a-z0-9-]+", "-", str(name).lower()).strip("-")
-    s = re.sub(r"-{2,}", "-", s)[:48].strip("-")
+    s = re.sub(r"-{2,}", "-", s)[:checks.MAX_NAME].strip("-")
     if not s:
         raise ValueError(f"JobSpec.name: got {name!r}; expected letters or digits (it names the "
                          "job on the cluster)")
     return s
+
+
+def _suggest(name: str) -> str:
+    try:
+        return f", e.g. {k8s_name(name)!r}"
+    except ValueError:
+        return ""
 
 
 @dataclass
@@ -162,7 +201,7 @@ class Export:
         out = []
         for name, text in self.files.items():
             p = d / name
-            p.write_text(text)
+            p.write_text(text, encoding="utf-8")
             if text.startswith("#!"):
                 p.chmod(0o755)
             out.append(p)
@@ -175,23 +214,6 @@ class Export:
         files = ", ".join(f"`{n}`" for n in self.files)
         return (f"**{self.target}** · files: {files}\n\n```bash\n{self.command}\n```\n\n"
                 f"{self.explanation}")
-
-
-_PLAIN = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
-
-
-def shell_join(argv: list[str]) -> str:
-    """Join arguments into a command line like shlex.join, except that an argument holding a
-    shell variable ($MASTER_ADDR, ${NODE_RANK}) is double-quoted, so the shell still expands it."""
-    out = []
-    for a in argv:
-        if _PLAIN.match(a):
-            out.append(a)
-        elif "$" in a and not re.search(r'["\\`]', a):
-            out.append(f'"{a}"' if not re.fullmatch(r"[A-Za-z0-9_@%+=:,./${}-]+", a) else a)
-        else:
-            out.append(shlex.quote(a))
-    return " ".join(out)
 
 
 __all__ = ["JobSpec", "Export", "EntryError", "k8s_name", "shell_join", "DEVICES", "RDZV_BACKENDS"]

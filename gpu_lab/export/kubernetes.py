@@ -2,22 +2,29 @@
 
 The operator creates one Master pod and `num_nodes - 1` Worker pods and gives each MASTER_ADDR,
 MASTER_PORT, WORLD_SIZE (pods) and RANK (the pod's index, Master = 0). Each pod runs torchrun for
-its GPUs with those as node rank and rendezvous address. The YAML is written by hand rather than
-dumped, so that it keeps the comments that explain it; strings are JSON-quoted (valid YAML).
+its GPUs with those as node rank and rendezvous address.
+
+The manifests are built as objects and dumped by the YAML serializer (quoting.dump_yaml); what
+they hold is exactly the objects below. Env values are data, not shell: `$` is doubled
+(quoting.k8s_literal) so that Kubernetes' `$(VAR)` expansion leaves them as given. The command's
+`$(RANK)`, `$(MASTER_ADDR)` and `$(MASTER_PORT)` are the exporter's own references, expanded by
+Kubernetes from the env the operator sets.
 """
 from __future__ import annotations
 
-import json
-
 from .job import Export, JobSpec
+from .quoting import dump_yaml, k8s_literal
 
 JOB_FILE = "pytorchjob.yaml"
 CONFIGMAP_FILE = "configmap.yaml"
 CONFIG_MOUNT = "/etc/gpu_lab"
-
-
-def _q(s: str) -> str:
-    return json.dumps(str(s))
+# why the manifest looks so (a serializer drops comments inside the document)
+_NOTES = """\
+# runPolicy.backoffLimit: pod restarts (preemption, node loss) before the job fails
+# runPolicy.cleanPodPolicy None: finished pods are kept, so their logs can be read
+# container 'pytorch': the name the operator looks for
+# volume dshm: shared memory for DataLoader workers and NCCL (a container gets 64 MiB)
+"""
 
 
 def pod_command(spec: JobSpec) -> list[str]:
@@ -28,83 +35,74 @@ def pod_command(spec: JobSpec) -> list[str]:
                  "--master-port=$(MASTER_PORT)"]
     else:
         args += ["--standalone"]
-    return args + spec.run_entry_args(f"{CONFIG_MOUNT}/config.json")
+    return args + [str(a) for a in spec.run_entry_args(f"{CONFIG_MOUNT}/config.json")]
 
 
-def _replica(spec: JobSpec, role: str, replicas: int) -> str:
-    cmd = ", ".join(_q(a) for a in pod_command(spec))
-    env = "".join(f"\n                - name: {_q(k)}\n                  value: {_q(v)}"
-                  for k, v in spec.env.items())
-    gpu = (f"\n                limits:\n                  nvidia.com/gpu: {spec.nproc_per_node}"
-           f"  # one per rank\n                requests:\n                  nvidia.com/gpu: "
-           f"{spec.nproc_per_node}" if spec.device == "cuda" else
-           f"\n                limits:\n                  cpu: {spec.cpus_per_task}")
-    return f"""    {role}:
-      replicas: {replicas}
-      restartPolicy: OnFailure
-      template:
-        spec:
-          containers:
-            - name: pytorch  # the operator looks for this container name
-              image: {_q(spec.image)}
-              imagePullPolicy: IfNotPresent
-              command: [{cmd}]
-              env:
-                - name: "PYTHONUNBUFFERED"
-                  value: "1"{env}
-              resources:{gpu}
-              volumeMounts:
-                - name: dshm
-                  mountPath: /dev/shm
-                - name: config
-                  mountPath: {_q(CONFIG_MOUNT)}
-                  readOnly: true
-          volumes:
-            - name: dshm  # shared memory for DataLoader workers and NCCL (a container gets 64 MiB)
-              emptyDir:
-                medium: Memory
-                sizeLimit: {_q(spec.shm_size)}
-            - name: config
-              configMap:
-                name: {_q(spec.name + "-config")}
-"""
+def pod_env(spec: JobSpec) -> list[dict]:
+    """The container's env: PYTHONUNBUFFERED, then spec.env with `$` doubled for Kubernetes."""
+    env = [{"name": "PYTHONUNBUFFERED", "value": "1"}]
+    return env + [{"name": k, "value": k8s_literal(v)} for k, v in spec.env.items()]
+
+
+def object_meta(spec: JobSpec, name: str, labels: bool = False) -> dict:
+    meta: dict = {"name": name}
+    if spec.namespace:
+        meta["namespace"] = spec.namespace
+    if labels:
+        meta["labels"] = {"app.kubernetes.io/created-by": "gpu_lab"}
+    return meta
+
+
+def _replica(spec: JobSpec, replicas: int) -> dict:
+    g = int(spec.nproc_per_node)
+    resources = ({"limits": {"nvidia.com/gpu": g}, "requests": {"nvidia.com/gpu": g}}
+                 if spec.device == "cuda" else {"limits": {"cpu": spec.cpus_per_task}})
+    container = {
+        "name": "pytorch",
+        "image": spec.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": pod_command(spec),
+        "env": pod_env(spec),
+        "resources": resources,
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"},
+                         {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True}],
+    }
+    volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}},
+               {"name": "config", "configMap": {"name": spec.name + "-config"}}]
+    return {"replicas": replicas, "restartPolicy": "OnFailure",
+            "template": {"spec": {"containers": [container], "volumes": volumes}}}
+
+
+def pytorchjob_manifest(spec: JobSpec) -> dict:
+    replicas = {"Master": _replica(spec, 1)}
+    if spec.num_nodes > 1:
+        replicas["Worker"] = _replica(spec, spec.num_nodes - 1)
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": object_meta(spec, spec.name, labels=True),
+        "spec": {"runPolicy": {"backoffLimit": 3, "cleanPodPolicy": "None"},
+                 "pytorchReplicaSpecs": replicas},
+    }
 
 
 def pytorchjob_yaml(spec: JobSpec) -> str:
-    ns = f"\n  namespace: {_q(spec.namespace)}" if spec.namespace else ""
-    out = f"""# {spec.name}: {spec.num_nodes} pod(s) x {spec.nproc_per_node} \
-{'GPU' if spec.device == 'cuda' else 'CPU process'}(s), {spec.entry} (exported by gpu_lab)
-# kubectl apply -f {CONFIGMAP_FILE} -f {JOB_FILE}
-apiVersion: kubeflow.org/v1
-kind: PyTorchJob
-metadata:
-  name: {_q(spec.name)}{ns}
-  labels:
-    app.kubernetes.io/created-by: "gpu_lab"
-spec:
-  runPolicy:
-    backoffLimit: 3        # pod restarts (preemption, node loss) before the job fails
-    cleanPodPolicy: None   # keep finished pods so their logs can be read
-  pytorchReplicaSpecs:
-"""
-    out += _replica(spec, "Master", 1)
-    if spec.num_nodes > 1:
-        out += _replica(spec, "Worker", spec.num_nodes - 1)
-    return out
+    what = "GPU" if spec.device == "cuda" else "CPU process"
+    return dump_yaml(f"# {spec.name}: {spec.num_nodes} pod(s) x {spec.nproc_per_node} {what}(s), "
+                     f"{spec.entry} (exported by gpu_lab)\n"
+                     f"# kubectl apply -f {CONFIGMAP_FILE} -f {JOB_FILE}\n" + _NOTES,
+                     pytorchjob_manifest(spec))
+
+
+def configmap_manifest(spec: JobSpec) -> dict:
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": object_meta(spec, spec.name + "-config"),
+            "data": {"config.json": spec.config_json()}}
 
 
 def configmap_yaml(spec: JobSpec) -> str:
-    ns = f"\n  namespace: {_q(spec.namespace)}" if spec.namespace else ""
-    body = "\n".join("    " + line for line in spec.config_json().rstrip("\n").splitlines())
-    return f"""# the TrainConfig every pod reads at {CONFIG_MOUNT}/config.json
-apiVersion: v1
-kind: ConfigMap
-metadata:
-  name: {_q(spec.name + "-config")}{ns}
-data:
-  config.json: |
-{body}
-"""
+    return dump_yaml(f"# the TrainConfig every pod reads at {CONFIG_MOUNT}/config.json\n",
+                     configmap_manifest(spec))
 
 
 def kubernetes(spec: JobSpec) -> Export:

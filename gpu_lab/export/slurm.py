@@ -7,14 +7,33 @@ With srun starting the ranks directly, every rank gets SIGUSR1, the training too
 PreemptionGuard checkpoints at the next step boundary and exits 143, srun returns the highest
 task exit code (143), and the script requeues the job; on the next start, fit() resumes from the
 newest complete checkpoint (TrainConfig.resume). This is also how Lightning runs on Slurm.
+
+What the script holds: #SBATCH values are checked names, numbers and time formats (no spaces,
+quotes or '#', so no directive can split or end early; sbatch_script refuses one that would);
+environment values and the command's words are shell-quoted by gpu_lab.export.quoting, so they
+reach srun and every rank exactly as given (a value that is exactly `$NAME` or `${NAME}` is
+expanded by the job's shell).
 """
 from __future__ import annotations
 
-from .job import Export, JobSpec, shell_join
+import re
+
+from .job import Export, JobSpec
+from .quoting import env_assignment, shell_join, value
 
 SCRIPT = "train.sbatch"
 PREEMPT_EXIT_CODE = 143  # gpu_lab.train.guards.PREEMPT_EXIT_CODE (128 + SIGTERM); no torch import
 SIGNAL_LEAD_S = 90       # seconds before the time limit: enough for one step and one checkpoint
+# what an #SBATCH option may hold: sbatch splits a directive at whitespace, reads quotes and stops
+# at '#', so anything else would change what the option says
+_DIRECTIVE = re.compile(r"--[a-z-]+(=[A-Za-z0-9_.,:@%=/+-]+)?")
+
+
+def _directive(option: str) -> str:
+    if _DIRECTIVE.fullmatch(option) is None:
+        raise ValueError(f"sbatch: the directive {option!r} would not reach Slurm intact; "
+                         "accepted values: letters, digits and _.,:@%=/+-")
+    return f"#SBATCH {option}"
 
 
 def sbatch_script(spec: JobSpec) -> str:
@@ -37,14 +56,16 @@ def sbatch_script(spec: JobSpec) -> str:
         sb.append((f"--partition={spec.partition}", ""))
     if spec.account:
         sb.append((f"--account={spec.account}", ""))
+    if spec.qos:
+        sb.append((f"--qos={spec.qos}", ""))
     # comments on lines of their own: sbatch reads every word after #SBATCH as an option
     directives = []
     for option, comment in sb:
         if comment:
             directives.append(f"# {comment}")
-        directives.append(f"#SBATCH {option}")
-    env = [f"export {k}={shell_join([v])}" for k, v in spec.env.items()]
-    run = shell_join(["srun", spec.python] + spec.run_entry_args())
+        directives.append(_directive(option))
+    env = [shell_join(["export", env_assignment(k, v)]) for k, v in spec.env.items()]
+    run = shell_join(["srun", value(spec.python)] + spec.run_entry_args())
     body = f"""#!/bin/bash
 # {spec.name}: {n} node(s) x {g} {'GPU' if spec.device == 'cuda' else 'CPU task'}(s), \
 {spec.entry} (exported by gpu_lab)

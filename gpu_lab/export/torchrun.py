@@ -1,30 +1,39 @@
-"""torchrun commands: one node (`--standalone`), or several nodes meeting at a c10d rendezvous."""
+"""torchrun commands: one node (`--standalone`), or several nodes meeting at a c10d rendezvous.
+
+The command line is built from shell words (gpu_lab.export.quoting): environment variables come
+first as `NAME='value'` assignments, every value reaches torchrun exactly as given, and only a
+value that is exactly `$NAME` / `${NAME}` (the default master_addr, $MASTER_ADDR) is expanded by
+the shell of the node that runs the command.
+"""
 from __future__ import annotations
 
-from .job import Export, JobSpec, shell_join
+from .job import Export, JobSpec
+from .quoting import Ref, Word, env_assignment, shell_join, value
 
 
 def torchrun_argv(spec: JobSpec, torchrun: str = "torchrun",
-                  config_path: str | None = None) -> list[str]:
-    """The torchrun argument list for `spec` (shell variables such as $MASTER_ADDR unexpanded)."""
+                  config_path: str | None = None) -> list[Word]:
+    """The torchrun words for `spec`: strings, or tuples of parts where a part may be a shell
+    reference (quoting.Ref, e.g. $MASTER_ADDR); quoting.shell_join makes the command line."""
     g = int(spec.nproc_per_node)
-    argv = [torchrun]
+    addr = value(spec.master_addr)
+    argv: list[Word] = [torchrun]
     if spec.num_nodes == 1:
         # a private rendezvous on a free local port: no address, no port clash with other jobs
         argv += ["--standalone", "--nnodes=1", f"--nproc-per-node={g}"]
     elif spec.rdzv_backend == "c10d":
         argv += [f"--nnodes={spec.num_nodes}", f"--nproc-per-node={g}", "--rdzv-backend=c10d",
-                 f"--rdzv-endpoint={spec.master_addr}:{spec.port}", f"--rdzv-id={spec.name}"]
+                 ("--rdzv-endpoint=", addr, f":{spec.port}"), f"--rdzv-id={spec.name}"]
     else:  # static: every node states its rank
         argv += [f"--nnodes={spec.num_nodes}", f"--nproc-per-node={g}",
-                 "--node-rank=${NODE_RANK}", f"--master-addr={spec.master_addr}",
+                 ("--node-rank=", Ref("${NODE_RANK}")), ("--master-addr=", addr),
                  f"--master-port={spec.port}"]
     return argv + spec.run_entry_args(config_path)
 
 
 def torchrun(spec: JobSpec) -> Export:
     """The torchrun command that runs `spec.entry` with its config on every rank."""
-    env = [f"{k}={v}" for k, v in spec.env.items()]
+    env = [env_assignment(k, v) for k, v in spec.env.items()]
     command = shell_join(env + torchrun_argv(spec))
     g, n = spec.nproc_per_node, spec.num_nodes
     per = "GPU" if spec.device == "cuda" else "CPU process"

@@ -11,13 +11,15 @@ Runtime layout: one replicated job `node` whose container is `node`, as in the s
 Trainer v2; the TrainJob's podSpecOverrides target that name to mount the config (and, on the stock
 runtime, a memory-backed /dev/shm). `define_runtime=True` also writes a ClusterTrainingRuntime for
 the image, with /dev/shm and a restart budget, and points the TrainJob at it.
+
+The manifests are objects dumped by the YAML serializer; env values are data with `$` doubled
+for Kubernetes' `$(VAR)` expansion, as in the PyTorchJob (gpu_lab.export.kubernetes).
 """
 from __future__ import annotations
 
-import yaml
-
 from .job import Export, JobSpec
-from .kubernetes import CONFIG_MOUNT, CONFIGMAP_FILE, configmap_yaml
+from .kubernetes import CONFIG_MOUNT, CONFIGMAP_FILE, object_meta, configmap_yaml, pod_env
+from .quoting import dump_yaml
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
 JOB_FILE = "trainjob.yaml"
@@ -36,7 +38,7 @@ def runtime_name(spec: JobSpec) -> str:
 
 def node_command(spec: JobSpec) -> list[str]:
     """What each node's container runs: torchrun takes nodes, ranks and rendezvous from PET_*."""
-    return ["torchrun", *spec.run_entry_args(f"{CONFIG_MOUNT}/config.json")]
+    return ["torchrun", *map(str, spec.run_entry_args(f"{CONFIG_MOUNT}/config.json"))]
 
 
 def _shm_volume(spec: JobSpec) -> dict:
@@ -52,26 +54,17 @@ def _resources(spec: JobSpec) -> dict:
     return {"limits": {"cpu": cpus}, "requests": {"cpu": cpus}}
 
 
-def _metadata(spec: JobSpec, name: str) -> dict:
-    meta: dict = {"name": name}
-    if spec.namespace:
-        meta["namespace"] = spec.namespace
-    meta["labels"] = {"app.kubernetes.io/created-by": "gpu_lab"}
-    return meta
-
-
 def trainjob_manifest(spec: JobSpec) -> dict:
     volumes = [{"name": "config", "configMap": {"name": spec.name + "-config"}}]
     mounts = [{"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True}]
     if not spec.define_runtime:  # gpu_lab's own runtime has /dev/shm already
         volumes.append(_shm_volume(spec))
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
-    env = [{"name": "PYTHONUNBUFFERED", "value": "1"}]
-    env += [{"name": k, "value": v} for k, v in spec.env.items()]
+    env = pod_env(spec)
     return {
         "apiVersion": API_VERSION,
         "kind": "TrainJob",
-        "metadata": _metadata(spec, spec.name),
+        "metadata": object_meta(spec, spec.name, labels=True),
         "spec": {
             "runtimeRef": {"name": runtime_name(spec), "apiGroup": "trainer.kubeflow.org",
                            "kind": "ClusterTrainingRuntime"},
@@ -127,23 +120,20 @@ def runtime_manifest(spec: JobSpec) -> dict:
     }
 
 
-def _dump(header: str, doc: dict) -> str:
-    return header + yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, width=100)
-
-
 def trainjob_yaml(spec: JobSpec) -> str:
     what = "GPU" if spec.device == "cuda" else "CPU process"
-    files = f"{CONFIGMAP_FILE} -f {JOB_FILE}"
-    return _dump(f"# {spec.name}: {spec.num_nodes} node(s) x {spec.nproc_per_node} {what}(s), "
-                 f"{spec.entry} (exported by gpu_lab)\n"
-                 f"# kubectl apply -f {(RUNTIME_FILE + ' -f ') if spec.define_runtime else ''}"
-                 f"{files}\n", trainjob_manifest(spec))
+    runtime = f"{RUNTIME_FILE} -f " if spec.define_runtime else ""
+    return dump_yaml(f"# {spec.name}: {spec.num_nodes} node(s) x {spec.nproc_per_node} "
+                     f"{what}(s), {spec.entry} (exported by gpu_lab)\n"
+                     f"# kubectl apply -f {runtime}{CONFIGMAP_FILE} -f {JOB_FILE}\n",
+                     trainjob_manifest(spec))
 
 
 def runtime_yaml(spec: JobSpec) -> str:
-    return _dump(f"# the runtime {spec.name} trains on: image {spec.image}, memory-backed /dev/shm "
-                 f"of {spec.shm_size}, {MAX_RESTARTS} restarts (exported by gpu_lab)\n",
-                 runtime_manifest(spec))
+    return dump_yaml(f"# the runtime {spec.name} trains on: image {spec.image}, memory-backed "
+                     f"/dev/shm of {spec.shm_size}, {MAX_RESTARTS} restarts "
+                     "(exported by gpu_lab)\n",
+                     runtime_manifest(spec))
 
 
 def trainjob(spec: JobSpec) -> Export:

@@ -10,8 +10,10 @@ import weakref
 from pathlib import Path
 from typing import Any, Callable
 
+from ..access import private_dir, private_if_new
 from ..config import TrainConfig
 from ..registry import Registry, home
+from ..stream.channel import RunKeys, save_client_key
 from ..stream.events import ACTIVE_STATUSES
 from ..telemetry_probe import gpu_count
 from . import checks as pf
@@ -80,12 +82,17 @@ def launch(fn: Callable, *args: Any, num_processes: int | None = None,
     spec.run_id = time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
     spec.name = spec.name or getattr(fn, "__name__", "run")
     run_dir = home() / "runs" / spec.run_id
-    (run_dir / "logs").mkdir(parents=True)
+    _private_run_dir(run_dir)
+    # the run's channel keys: the client key for its ranks and the owner's readers, the server
+    # pair for its recorder (handed over by the supervisor, never on disk)
+    spec.keys = RunKeys.new()
+    save_client_key(run_dir, spec.keys.client)
     spec.run_dir, spec.registry_path = str(run_dir), str(registry.path)
     output_dir = None
     if config is not None:  # the run's own folder; the ranks get it as cfg.output_dir
         # absolute: the registry row is read from other working directories (the server, attach)
         output_dir = str(Path(config.output_dir).expanduser().resolve() / spec.run_id)
+        _private_output_dir(output_dir)
         ranks_config = config.replace(output_dir=output_dir,
                                       resume_from=source["path"] if source else None)
         spec.args = tuple(ranks_config if a is config else a for a in args)
@@ -126,6 +133,24 @@ def launch(fn: Callable, *args: Any, num_processes: int | None = None,
     threading.Thread(target=_wait_supervisor, args=(run, pid), daemon=True,
                      name=f"gpu_lab-wait-{spec.run_id}").start()
     return run
+
+
+def _private_run_dir(run_dir: Path) -> None:
+    """The run's folder, owner-only (gpu_lab.access): what is made below it later (ranks/,
+    errors/, control/, elastic/) is out of other users' reach whatever its own mode."""
+    private_if_new(run_dir.parent)  # runs/
+    run_dir.mkdir()  # a fresh id: an existing folder would be another run's
+    private_dir(run_dir)
+    private_dir(run_dir / "logs")
+
+
+def _private_output_dir(output_dir: str) -> None:
+    """The run's checkpoint folder, owner-only from the start: its checkpoints, TensorBoard logs
+    and profiles are written below it by the ranks, whatever modes they use."""
+    try:
+        private_dir(output_dir)
+    except OSError:  # not writable here: the ranks' first checkpoint reports it, with advice
+        pass
 
 
 def _resume_source(resume: Any, config: TrainConfig | None, registry: Registry) -> dict:
@@ -185,7 +210,8 @@ def _wait_supervisor(run: Run, pid: int) -> None:
     get_receiver().poke(run.id)  # the end may be in the registry without having reached us
     if run._done.wait(5.0):
         return
-    row = run._registry.get_run(run.id)  # marks it lost if it is still 'running'
+    run._registry.persist_lost()  # this process writes: record what readers see as lost
+    row = run._registry.get_run(run.id)
     if row is not None:
         run._finish(row["status"] if row["status"] in FINAL else "lost", code, row.get("reason"))
 

@@ -7,6 +7,10 @@ endpoint empty, so torch falls back to localhost:29400 on every node. For `num_n
 supervisor calls torch's elastic launcher directly, as notebook_launcher does for one node (same
 environment, fork start, the function itself as the entry point), with the endpoint set to
 `master_addr:port` for both backends.
+
+Each node's launch is a run of its own: its own record, recorder and channel keys. Its ranks
+inherit the recorder's address and the run's client key from the supervisor's environment (fork
+start), as on one node; the channel is CURVE over TCP, so it can cross hosts as it is.
 """
 from __future__ import annotations
 

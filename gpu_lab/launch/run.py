@@ -248,33 +248,17 @@ class Run:
         progressed = False
         final = None
         for e in events:
+            if not isinstance(e, dict):
+                continue
             seq = e.get("seq")
             if seq:
                 if seq <= self._seq:
                     continue
                 self._seq = seq
-            kind = e["kind"]
-            if kind == ev.METRIC:
-                self.metrics.add(e["rank"], e.get("step"), e["t"], e["data"])
-                progressed = True
-                if e.get("step") is not None:
-                    for k in e["data"]:
-                        key = (k, e["rank"])
-                        self._last_step[key] = max(self._last_step.get(key, e["step"]), e["step"])
-            elif kind == ev.STATUS:
-                st = e["data"].get("status")
-                if st in FINAL:
-                    final = e["data"]
-                elif st in ("running", "stopping") and self._status in ("pending", "running"):
-                    self._status = st
-                if e["data"].get("reason"):
-                    self.reason = e["data"]["reason"]
-            elif kind == ev.DROPPED:
-                self._dropped_by_rank[e["rank"]] = max(self._dropped_by_rank.get(e["rank"], 0),
-                                                       int(e["data"].get("count", 0)))
-                self.dropped = sum(self._dropped_by_rank.values())
-            elif kind == ev.LOG:
-                self._log_events.append(e)
+            progressed |= self._apply_event(e)
+            kind, data = e.get("kind"), e.get("data")
+            if kind == ev.STATUS and isinstance(data, dict) and data.get("status") in FINAL:
+                final = data
         if progressed:
             with self._progress:
                 self._progress.notify_all()
@@ -286,6 +270,35 @@ class Run:
             self._final = final
             if not self.owner or self._reaped.is_set():
                 self._finish(final["status"], final.get("exitcode"), final.get("reason"))
+
+    def _apply_event(self, e: dict) -> bool:
+        """Fold one event into the handle; True for a metric. Whatever an (older) record holds,
+        a value of the wrong type is skipped, never raised on."""
+        kind, rank, data = e.get("kind"), e.get("rank"), e.get("data")
+        if not isinstance(data, dict) or type(rank) is not int:
+            return False
+        if kind == ev.METRIC:
+            self.metrics.add(rank, e.get("step"), e.get("t"), data)
+            step = ev.step_of(e)
+            if step is not None:
+                for k, _ in ev.numbers(data):
+                    key = (k, rank)
+                    self._last_step[key] = max(self._last_step.get(key, step), step)
+            return True
+        if kind == ev.STATUS:
+            st = data.get("status")
+            if st in ("running", "stopping") and self._status in ("pending", "running"):
+                self._status = st
+            if data.get("reason") and isinstance(data["reason"], str):
+                self.reason = data["reason"]
+        elif kind == ev.DROPPED:
+            count = data.get("count", 0)
+            if type(count) is int:
+                self._dropped_by_rank[rank] = max(self._dropped_by_rank.get(rank, 0), count)
+                self.dropped = sum(self._dropped_by_rank.values())
+        elif kind == ev.LOG:
+            self._log_events.append(e)
+        return False
 
     def _finish(self, status: str, exitcode: int | None = None, reason: str | None = None,
                 announce: bool = True) -> None:

@@ -5,7 +5,9 @@ The supervisor is forked from the kernel (which is still CUDA-free), becomes the
 process group, lets go of the kernel's sockets and output, and calls accelerate's
 notebook_launcher. It owns the run's record: the recorder process it starts receives every rank's
 events, writes them to the registry and publishes them to any subscriber (the launching kernel is
-one).
+one). The run's channel is private: the supervisor hands the recorder the run's keys over its
+stdin and the ranks the client key in their environment (gpu_lab.stream.channel); everything it
+and the ranks write in the run folder is the owner's only (gpu_lab.access).
 notebook_launcher blocks and discards return values; that is fine here, because the supervisor is
 not the kernel: rank 0 writes its return value to a file, each failed rank writes its exception,
 and the supervisor records the final status, with its reason, before it exits.
@@ -31,7 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from ..access import private_dir
 from ..stream import events as ev
+from ..stream.channel import ENV_KEY
 from . import triage
 
 EXIT_OK, EXIT_FAILED, EXIT_STOPPED = 0, 1, 143
@@ -66,6 +70,7 @@ class Spec:
     run_dir: str = ""
     device: str = "cpu"
     registry_path: str = ""
+    keys: Any = None  # the run's channel keys (gpu_lab.stream.channel.RunKeys)
 
     def __post_init__(self) -> None:
         from ..config import MixedPrecision
@@ -117,9 +122,12 @@ class Spec:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """Write via a temp file in the same directory, fsync, rename: readers never see half a file."""
+    """Write via a temp file in the same directory, fsync, rename: readers never see half a file.
+    The file is the owner's only (a run file: gpu_lab.access), whatever the umask."""
+    from ..access import open_private
+
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
+    with open(open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
@@ -129,8 +137,10 @@ def write_atomic(path: Path, data: bytes) -> None:
 def _redirect_output(path: Path) -> None:
     """Point fd 1/2 and sys.stdout/sys.stderr at a file (line-buffered). In a process forked from a
     kernel, the inherited sys.stdout writes into the kernel's zmq sockets: never use it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    from ..access import open_private
+
+    private_dir(path.parent)
+    fd = open_private(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
@@ -148,7 +158,7 @@ def _elastic_logs_in(folder: Path) -> str | None:
     removes it: one more folder in /tmp for every launch. Here, in the supervisor only, the temp dir
     is the run's `elastic/` folder; returns the one it replaces, which each rank sets back before
     the user's code runs (`RankEntry`)."""
-    folder.mkdir(parents=True, exist_ok=True)
+    private_dir(folder)
     previous, tempfile.tempdir = tempfile.tempdir, str(folder)
     return previous
 
@@ -175,8 +185,7 @@ class RankEntry:
 
         rep.reset_reporter()
         reporter = rep.get_reporter()
-        ranks = self.run_dir / "ranks"
-        ranks.mkdir(exist_ok=True)
+        ranks = private_dir(self.run_dir / "ranks")
         write_atomic(ranks / f"rank{rank}.pid", str(os.getpid()).encode())
         try:
             import torch
@@ -212,8 +221,7 @@ class RankEntry:
     def _record_failure(self, rank: int, exc: BaseException, reporter: Any) -> None:
         failure = triage.from_exception(rank, exc)
         failure.pid = os.getpid()
-        errors = self.run_dir / "errors"
-        errors.mkdir(exist_ok=True)
+        errors = private_dir(self.run_dir / "errors")
         write_atomic(errors / f"rank{rank}.json", json.dumps(failure.to_dict()).encode())
         traceback.print_exc()
         reporter.error(failure.to_dict())
@@ -249,10 +257,13 @@ def supervise(spec: Spec) -> None:
         signal.pthread_sigmask(signal.SIG_BLOCK, stops)
         try:
             recorder, where = rec.spawn(spec.registry_path, spec.run_id,
-                                        str(run_dir / "logs" / "supervisor.log"))
+                                        str(run_dir / "logs" / "supervisor.log"), _keys(spec))
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
+        # the ranks inherit the client key with the address: the environment of a process is
+        # readable by its own user only (not by `ps` of another user, unlike a command line)
         os.environ.update({ev.ENV_RUN_ID: spec.run_id, ev.ENV_ADDRESS: where["address"],
+                           ENV_KEY: spec.keys.client.encode(),
                            ev.ENV_RUN_DIR: spec.run_dir, ev.ENV_DEVICE: spec.device})
         user_threads = spec.env.get("OMP_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS")
         os.environ.update(spec.env)
@@ -348,6 +359,17 @@ def supervise(spec: Spec) -> None:
             os._exit(code)
 
 
+def _keys(spec: Spec) -> Any:
+    """The run's channel keys: the launcher's, else (a Spec made elsewhere) fresh ones, whose
+    client key is then written where the owner's readers find it."""
+    from ..stream.channel import RunKeys, save_client_key
+
+    if spec.keys is None:
+        spec.keys = RunKeys.new()
+        save_client_key(spec.run_dir, spec.keys.client)
+    return spec.keys
+
+
 def _record_end(run_dir: Path, recorder: Any, status: str, code: int, note: str,
                 reason: str | None) -> None:
     """The run's last word: status.json, then the recorder writes the final status event and the
@@ -435,8 +457,7 @@ class ParentWatch(threading.Thread):
         while os.getppid() == self.parent:
             if self.done.wait(self.interval):
                 return
-        control = self.run_dir / "control"
-        control.mkdir(parents=True, exist_ok=True)
+        control = private_dir(self.run_dir / "control")
         write_atomic(control / "stop", self.REASON.encode())
         print(f"gpu_lab supervisor: {self.REASON}; stopping the run", flush=True)
         os.killpg(0, signal.SIGTERM)  # ranks checkpoint at the next step; the agent then returns
@@ -493,8 +514,7 @@ class RankMonitor(threading.Thread):
 def _record_child_failures(exc: BaseException, run_dir: Path,
                            deaths: dict[int, tuple[int, int, float]]) -> None:
     """Write an errors/rank{r}.json for every failed rank that did not write its own (killed)."""
-    errors = run_dir / "errors"
-    errors.mkdir(exist_ok=True)
+    errors = private_dir(run_dir / "errors")
     seen: dict[int, tuple[int | None, int | None, float | None]] = {
         r: (pid, code, t) for r, (pid, code, t) in deaths.items() if code != 0}
     for rank, pf in (getattr(exc, "failures", None) or {}).items():

@@ -11,6 +11,7 @@ import asyncio
 import functools
 import json
 import re
+import sqlite3
 from typing import Any, Callable
 
 from jupyter_core.utils import ensure_async
@@ -39,9 +40,13 @@ class _Base(APIHandler):
         return self.settings["gpu_lab"]
 
     async def off_loop(self, fn: Callable, *args: Any) -> Any:
-        """Run blocking work (SQLite, NVML, signalling) in the extension's thread pool."""
-        return await asyncio.get_running_loop().run_in_executor(
-            self.state.executor, functools.partial(fn, *args))
+        """Run blocking work (SQLite, NVML, signalling) in the extension's thread pool. A registry
+        that cannot serve the request (damaged, read-only) answers with what to do, in JSON."""
+        try:
+            return await asyncio.get_running_loop().run_in_executor(
+                self.state.executor, functools.partial(fn, *args))
+        except sqlite3.DatabaseError as e:
+            raise registry_http_error(e, self.state) from e
 
     def int_arg(self, name: str, default: int, lo: int, hi: int) -> int:
         raw = self.get_argument(name, None)
@@ -183,6 +188,17 @@ class CompareHandler(_Base):
         self.finish(json.dumps(out))
 
 
+def registry_http_error(e: sqlite3.DatabaseError, state: ServerState) -> web.HTTPError:
+    """409 for a write to a read-only registry, 503 for a damaged one; the message says what to
+    do. Other database errors stay errors of the server (500)."""
+    from gpu_lab.registry import RegistryError, RegistryReadOnlyError, explain
+
+    err = e if isinstance(e, RegistryError) else explain(e, state.registry_path())
+    if err is None:
+        raise e
+    return web.HTTPError(409 if isinstance(err, RegistryReadOnlyError) else 503, str(err))
+
+
 def _no_run(run_id: str) -> web.HTTPError:
     return web.HTTPError(404, f"no run with id {run_id!r} in the registry")
 
@@ -274,6 +290,9 @@ class TelemetryWebSocket(WebSocketMixin, websocket.WebSocketHandler, JupyterHand
         except KeyError:
             self._send({"type": "error", "run": run_id,
                         "error": f"follow: no run with id {run_id!r} in the registry"})
+        except sqlite3.DatabaseError as e:
+            self._send({"type": "error", "run": run_id,
+                        "error": str(registry_http_error(e, self.state).log_message)})
         except ValueError as e:
             self._send({"type": "error", "run": run_id, "error": str(e)})
 

@@ -10,7 +10,10 @@ extension's thread pool. Three families, each switched by a GpuLabServer setting
   count); throughput, data-wait share and learning rate for the active runs only, since a finished
   run's last throughput is no longer a rate of anything.
 
-The registry is read through its public methods only (list_runs, last_values, summary).
+The registry is read through its public methods only (list_runs, last_values, summary). Whatever
+a record holds, a scrape answers: a last loss of NaN or +-inf goes out as Prometheus' NaN / +Inf /
+-Inf (a diverged run must show on a dashboard), a last step that is not an int (an older record)
+is left out, and the training series leave out NaN (no rate of anything).
 """
 from __future__ import annotations
 
@@ -56,6 +59,20 @@ RUN_GAUGES = (
     ("lr", "gpu_lab_run_learning_rate", "Learning rate at the last logged step"),
     ("step_time", "gpu_lab_run_step_seconds", "Wall time of one optimizer step, last logged"),
 )
+
+
+def _step(v: Any) -> float | None:
+    return float(v) if type(v) is int else None
+
+
+def _value(v: Any) -> float | None:
+    """A number as Prometheus takes it, NaN and infinities included; None for anything else."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    try:
+        return float(v)
+    except OverflowError:
+        return None
 
 
 def _number(v: Any) -> float | None:
@@ -170,10 +187,10 @@ class GpuLabCollector(Collector):
             rid = r["id"]
             info.add_metric([rid, r.get("name") or rid, r["status"]], 1.0)
             last = reg.last_values(rid)
-            if last["last_step"] is not None:
-                step.add_metric([rid], float(last["last_step"]))
-            if last["last_loss"] is not None:
-                loss.add_metric([rid], float(last["last_loss"]))
+            if _step(last["last_step"]) is not None:
+                step.add_metric([rid], _step(last["last_step"]))
+            if _value(last["last_loss"]) is not None:
+                loss.add_metric([rid], _value(last["last_loss"]))
             if r.get("num_processes"):
                 procs.add_metric([rid], float(r["num_processes"]))
         yield from (info, step, loss, procs)

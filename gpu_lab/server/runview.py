@@ -7,11 +7,15 @@ cost, not the run's length: the browser gets at most `points` points per series,
 minimum and maximum exact. The notes are the newest NOTES_KEPT, read through an index.
 
 Series are per metric, per rank and for the mean over the ranks ("mean"): what the view draws.
-Log files are the run folder's logs/rank<N>.log and logs/supervisor.log, read by byte offset so
-that a browser can follow them from where it stopped.
+NaN and infinite values are points of their series (a rank's NaN makes that step's mean NaN: a
+diverging run must show); JSON has neither, so the browser gets them as null in `value`, and
+each series that holds any also lists them in `nonfinite`: [[index, "NaN" | "Infinity" |
+"-Infinity"], ...]. Log files are the run folder's logs/rank<N>.log and logs/supervisor.log,
+read by byte offset so that a browser can follow them from where it stopped.
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 import time
@@ -31,6 +35,7 @@ LOG_CHUNK_BYTES = 64 * 1024
 NOTES_KEPT = 100         # newest log/error/dropped events sent with a run
 STATUSES_KEPT = 1000     # newest status events read for the ranks' pids
 NOTE_KINDS = (ev.LOG, ev.ERROR, ev.DROPPED)
+_NONFINITE = {float("inf"): "Infinity", float("-inf"): "-Infinity"}
 LOG_NAME = re.compile(r"^(rank\d{1,5}|supervisor)\.log$")
 MEAN = "mean"
 
@@ -42,8 +47,15 @@ def series_to_wire(snapshot: Any, points: int, with_ranks: bool = True) -> dict:
     overlays runs, not their ranks)."""
     out: dict = {}
     for name, by in levels.by_metric(snapshot, points, with_ranks).items():
-        out[name] = {key: {"step": list(st), "t": [round(t, 3) for t in ts],
-                           "value": json_safe(vs)} for key, (st, ts, vs) in by.items()}
+        out[name] = {key: _wire(*s) for key, s in by.items()}
+    return out
+
+
+def _wire(steps: list, times: list, values: list) -> dict[str, list]:
+    out = {"step": list(steps), "t": [round(t, 3) for t in times], "value": json_safe(values)}
+    odd = [[i, _NONFINITE.get(v, "NaN")] for i, v in enumerate(values) if not math.isfinite(v)]
+    if odd:
+        out["nonfinite"] = odd
     return out
 
 
@@ -71,7 +83,8 @@ def detail(registry: Any, run_id: str, points: int = DEFAULT_POINTS) -> dict | N
     # each rank's pid (from its status events): what NVML lists on the GPUs the rank uses
     out["pids"] = {str(e["rank"]): e["data"]["pid"]
                    for e in registry.last_events(run_id, [ev.STATUS], STATUSES_KEPT, upto=seq)
-                   if e["rank"] >= 0 and isinstance(e["data"].get("pid"), int)}
+                   if isinstance(e["data"], dict) and isinstance(e["data"].get("pid"), int)
+                   and isinstance(e["rank"], int) and e["rank"] >= 0}
     out["failure"] = failure(row)
     out["logs"] = [read_log(row.get("run_dir"), name, -1) for name in log_files(row.get("run_dir"))]
     return out
@@ -92,7 +105,7 @@ def events_since(registry: Any, run_id: str, after: int, limit: int = EVENTS_LIM
 
 def event_to_wire(e: dict) -> dict:
     return {"seq": e["seq"], "rank": e["rank"], "kind": e["kind"], "t": round(e["t"], 3),
-            "step": e.get("step"), "data": json_safe(e.get("data") or {})}
+            "step": ev.step_of(e), "data": json_safe(e.get("data") or {})}
 
 
 def failure(row: dict) -> dict | None:

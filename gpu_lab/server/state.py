@@ -53,6 +53,14 @@ class ServerState:
             self._registry = Registry()
         return self._registry
 
+    def registry_path(self) -> Path:
+        """Where the registry is, without opening it (for messages about a registry that fails)."""
+        if self._registry is not None:
+            return self._registry.path
+        from gpu_lab.registry import home
+
+        return home() / "registry.db"
+
     def list_runs(self, limit: int = 100) -> list[dict]:
         return [run_to_wire(r) for r in self.registry.list_runs(limit=limit, with_last=True)]
 

@@ -9,15 +9,24 @@ An event is a plain dict, JSON-serialisable, with these keys:
     step  int | None
     data  dict   kind-specific payload: for "metric", {name: float}; for "status", {"status": str,
                  "reason": str, ...}; for "error", {"type", "message", "traceback", "category"};
-                 for "log", {"text": str}; for "dropped", {"count": int}
+                 for "log", {"text": str}; for "dropped", {"count": int, "refused": int,
+                 "why": {reason: int}} (count: events lost on the way, refused: reports that
+                 could not be recorded, both since the sender started; rank -1: the recorder's)
     seq   int    given by the run's recorder when it writes the event to the registry: the
                  event's position in the run's record (absent on the way from a rank)
 
-Events travel in batches (a JSON list) so that one send carries many reports.
+Events travel in batches (a JSON list) so that one send carries many reports; a message is at
+most MAX_MESSAGE bytes, one event at most MAX_EVENT. Metric values may be NaN or +-inf: they are
+recorded as they are (JSON's NaN/Infinity tokens, which Python's json reads and writes).
+
+`problem(e)` is the record's contract: the recorder writes only events it finds no problem with,
+so a record holds nothing else. Readers still go through `step_of` and `numbers`, because
+records written before that contract may hold a text step or a data that is not a dict.
 """
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 METRIC = "metric"
@@ -54,6 +63,8 @@ def encode(batch: list[dict[str, Any]]) -> bytes:
 
 
 def decode(raw: bytes) -> list[dict[str, Any]]:
+    """The events of a message; what is not an event of a known kind is left out. A message
+    from a rank is checked further by `checked` before it is recorded."""
     batch = json.loads(raw)
     if isinstance(batch, dict):
         batch = [batch]
@@ -65,3 +76,126 @@ def _default(o: Any) -> Any:
         return float(o)
     except Exception:
         return repr(o)
+
+
+# --- the record's contract ------------------------------------------------------------------------
+MAX_MESSAGE = 4 * 1024 * 1024   # bytes: the recorder's socket refuses larger messages
+MAX_BATCH = 1024 * 1024         # bytes: a Reporter's batch stays below this (well below the above)
+MAX_EVENT = 256 * 1024          # bytes: one encoded event
+MAX_TEXT = 64 * 1024            # characters of a log text (or an error's text) a Reporter keeps
+MAX_NAME = 200                  # characters of a metric name
+MAX_DEPTH = 8                   # nesting of a non-metric event's data
+_MAX_INT = 2 ** 63              # SQLite's integers are 64-bit
+
+
+def problem(e: Any, _finite: Any = math.isfinite) -> str | None:
+    """None when `e` can go in a run's record, else what is wrong, as a short reason (the key
+    under which refusals are counted: kind, t, rank, step, data, value, name, size). On the
+    recorder's path for every event: checks done in C (map, set) where they can be."""
+    if type(e) is not dict:
+        return "event"
+    kind = e.get("kind")
+    if kind not in _KIND_SET:
+        return "kind"
+    t = e.get("t")
+    if not (type(t) is float and _finite(t) or type(t) is int and 0 <= t < _MAX_INT):
+        return "t"
+    rank = e.get("rank")
+    if type(rank) is not int or not -1 <= rank < 2 ** 31:
+        return "rank"
+    step = e.get("step")
+    if step is not None and (type(step) is not int or not 0 <= step < _MAX_INT):
+        return "step"
+    data = e.get("data")
+    if type(data) is not dict:
+        return "data"
+    if kind != METRIC:
+        return None if within_depth(data, MAX_DEPTH) else "data"
+    if not data:
+        return None
+    types = set(map(type, data.values()))
+    if not types <= _FLOAT and (not types <= _NUMBER or any(
+            type(v) is int and not -_MAX_INT <= v < _MAX_INT for v in data.values())):
+        return "value"
+    if not data.keys() <= _NAMES_SEEN:  # metric names repeat: check each new one once
+        if max(map(len, data)) > MAX_NAME or "" in data:
+            return "name"
+        if len(_NAMES_SEEN) < 10_000:
+            _NAMES_SEEN.update(data)
+    return None
+
+
+_NAMES_SEEN: set = set()  # metric names known to be fine
+
+
+_KIND_SET = frozenset(KINDS)
+_FLOAT = frozenset((float,))
+_NUMBER = frozenset((float, int))
+
+
+def within_depth(o: Any, depth: int) -> bool:
+    if isinstance(o, dict):
+        return depth > 0 and all(within_depth(v, depth - 1) for v in o.values())
+    if isinstance(o, list):
+        return depth > 0 and all(within_depth(v, depth - 1) for v in o)
+    return True
+
+
+def checked(raw: bytes) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """The recordable events of a message from a rank, and {reason: count} of those refused. A
+    message that is not JSON (or nests deeper than the decoder goes) counts as one refusal."""
+    try:
+        batch = json.loads(raw)
+    except (ValueError, RecursionError, MemoryError):
+        return [], {"undecodable": 1}
+    if isinstance(batch, dict):
+        batch = [batch]
+    elif not isinstance(batch, list):
+        return [], {"undecodable": 1}
+    good, why = [], {}
+    for e in batch:
+        p = problem(e)
+        if p is None:
+            good.append(e)
+        else:
+            why[p] = why.get(p, 0) + 1
+    if len(raw) > MAX_EVENT and good:  # only then can one event be over the limit
+        small = [e for e in good if not _maybe_big(e) or _size(e) <= MAX_EVENT]
+        if len(small) != len(good):
+            why["size"] = why.get("size", 0) + len(good) - len(small)
+            good = small
+    return good, why
+
+
+def _maybe_big(e: dict) -> bool:
+    """Whether an event that passed `problem` may encode to over MAX_EVENT bytes: a metric's name
+    encodes to at most 12 bytes a character (JSON's surrogate pairs), its number to 25."""
+    if e["kind"] != METRIC:
+        return True
+    return 200 + len(e["data"]) * (12 * MAX_NAME + 30) > MAX_EVENT
+
+
+def _size(e: dict) -> int:
+    try:
+        return len(encode([e]))
+    except (ValueError, TypeError, RecursionError):
+        return MAX_EVENT + 1
+
+
+def step_of(e: dict) -> int | None:
+    """An event's step for a reader: an int, or None (no step, or one an older record holds
+    that is not an int)."""
+    s = e.get("step")
+    return s if type(s) is int else None
+
+
+def numbers(data: Any):
+    """(name, value) of a metric event's numbers (NaN and +-inf included); anything else an
+    older record might hold is left out."""
+    if type(data) is not dict:
+        return
+    for k, v in data.items():
+        if isinstance(v, float):
+            yield k, float(v)
+        elif isinstance(v, int) and not isinstance(v, bool) and -_MAX_INT <= v < _MAX_INT:
+            yield k, float(v)

@@ -3,11 +3,17 @@
 When a series outgrows its capacity it is decimated to half, keeping the minimum and the maximum of
 each bucket (so a loss spike stays visible) plus the first and the newest point. A million-step run
 therefore costs what a few-thousand-step run does.
+
+It takes whatever a record holds without raising: NaN and infinite values are points like any
+other (a diverging loss stays visible); a step that is not an int counts as no step, and data that
+is not a dict, or a value that is not a number, is left out.
 """
 from __future__ import annotations
 
 import threading
 from typing import Any, Iterable, Sequence
+
+from .events import numbers
 
 
 def minmax_indices(y: Sequence[float], n: int) -> Any:
@@ -94,19 +100,23 @@ class MetricHistory:
         self._lock = threading.Lock()
 
     def add(self, rank: int, step: int | None, t: float, data: dict) -> None:
+        if type(rank) is not int:
+            return
+        if type(step) is not int:
+            step = None
+        if type(t) is not float:
+            t = float(t) if type(t) is int else float("nan")
         with self._lock:
-            for name, value in data.items():
-                if not isinstance(value, (int, float)) or isinstance(value, bool):
-                    continue
+            for name, value in numbers(data):
                 key = (rank, name)
                 s = self._series.get(key)
                 if s is None:
                     s = self._series[key] = Series(self.capacity)
-                s.append(step if step is not None else s.count, t, float(value))
+                s.append(step if step is not None else s.count, t, value)
 
     def extend(self, events: Iterable[dict]) -> None:
         for e in events:
-            self.add(e["rank"], e.get("step"), e["t"], e["data"])
+            self.add(e.get("rank"), e.get("step"), e.get("t"), e.get("data"))
 
     def ranks(self) -> list[int]:
         with self._lock:

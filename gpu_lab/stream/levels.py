@@ -9,8 +9,8 @@ Contract:
   The newest bucket of each level is open and is rewritten as points arrive. Level 0 holds the raw
   points while the series has at most RAW_KEEP of them (then level 1 already gives >= 2 * RAW_KEEP
   / F points, and level 0 is dropped). Buckets are stored CHUNK to a row (a blob of float64
-  records), so a transaction rewrites a few rows per series, whatever the batch; a chunk that
-  can no longer change is compressed (`pack`) once.
+  records, compressed: `pack`), so a transaction rewrites a few rows per series, whatever the
+  batch.
 - `read` answers with at most `points` points per series from the coarsest level that still gives
   >= `points` (each bucket gives its min and max), in time and memory bounded by `points`, not by
   the series' length. Each bucket's minimum and maximum are exact, so a spike never disappears.
@@ -80,6 +80,7 @@ class Points:
     values: list = field(default_factory=list)
     # the level's whole envelope (numpy arrays), before decimation: what the mean over ranks uses
     env: tuple = ((), (), ())
+    stepped: Any = None  # level 0: which points came with a step (the others sit at their index)
 
 
 @dataclass
@@ -133,12 +134,13 @@ def _fold(c: sqlite3.Connection, run_id: str, events: Iterable[dict]) -> None:
             sid = c.execute("INSERT INTO series (run_id, rank, name, count) VALUES (?,?,?,0)",
                             (run_id, *key)).lastrowid
         pts = np.column_stack((steps, times, values))
+        items.append((sid, count, pts))
+    out: list[tuple] = []
+    _raw(c, items, out)  # level 0 keeps a missing step as NaN: the mean over ranks skips it
+    for sid, count, pts in items:
         gaps = np.isnan(pts[:, 0])
         if gaps.any():  # a point without a step sits at its index, as in MetricHistory
             pts[gaps, 0] = count + np.flatnonzero(gaps)
-        items.append((sid, count, pts))
-    out: list[tuple] = []
-    _raw(c, items, out)
     _levels(c, items, out)
     c.executemany("INSERT OR REPLACE INTO levels (sid, level, chunk, packed, data) "
                   "VALUES (?,?,?,?,?)", out)
@@ -150,7 +152,9 @@ def _columns(events: Iterable[dict]) -> dict:
     """{(rank, name): (steps, times, values)} float arrays of the metric events' numbers, in order.
     A rank's events that all carry the same metric names (nearly always) become columns in a few
     passes in C; others go event by event."""
-    metric = [e for e in events if e["kind"] == "metric"]
+    # an older record may hold anything: a metric is an event with an int rank and a dict
+    metric = [e for e in events if e.get("kind") == "metric" and type(e.get("rank", -1)) is int
+              and isinstance(e.get("data") or {}, dict)]
     ranks = [e.get("rank", -1) for e in metric]
     out: dict = {}
     for rank in set(ranks):
@@ -191,9 +195,14 @@ def _floats(evs: list, key: str) -> Any:
     import numpy as np
 
     try:
-        return np.fromiter(map(operator.itemgetter(key), evs), dtype=float, count=len(evs))
+        out = np.fromiter(map(operator.itemgetter(key), evs), dtype=float, count=len(evs))
+        if key != "step" or all(type(e[key]) is int for e in evs[:1]):
+            return out
     except (KeyError, TypeError, ValueError):
-        return np.array([np.nan if e.get(key) is None else float(e[key]) for e in evs])
+        pass
+    # an older record's step that is not an int counts as none (as events.step_of has it)
+    ok = (lambda v: type(v) is int) if key == "step" else _is_number
+    return np.array([float(e[key]) if ok(e.get(key)) else np.nan for e in evs])
 
 
 def _numeric(names: tuple, datas: list) -> Iterable[tuple]:
@@ -257,23 +266,20 @@ def _splice(c: sqlite3.Connection, sid: int, level: int, ids: list, recs: Any,
     size, width = CHUNK[level > 0], WIDTH[level > 0]
     chunk = ids[0] // size
     old = c.execute("SELECT data, packed FROM levels WHERE sid=? AND level=? AND chunk=?",
-                    (sid, level, chunk)).fetchone()  # the newest chunk: never packed
+                    (sid, level, chunk)).fetchone()
     have = unpack(old[0], old[1], width) if old is not None else np.empty((0, width))
     if level and len(have) and chunk * size + len(have) - 1 == ids[0]:
         recs = np.vstack((combine(have[-1], recs[0]), recs[1:]))
         have = have[:-1]
     block = np.vstack((have, recs))
     for i in range(0, len(block), size):
-        part = block[i:i + size]
-        if i + size < len(block):  # a chunk with a bucket after it is final: packed, once
-            out.append((sid, level, chunk + i // size, 1, pack(part)))
-        else:
-            out.append((sid, level, chunk + i // size, 0, part.tobytes()))
+        # packed, the open chunk too: it is rewritten by every batch, and the WAL holds each
+        out.append((sid, level, chunk + i // size, 1, pack(block[i:i + size])))
 
 
 def pack(recs: Any) -> bytes:
-    """A final chunk, compressed: byte-shuffled by field (steps, times and counts that change
-    little become long runs) and zstd, about 0.4 of its size."""
+    """A chunk compressed: byte-shuffled by field (steps, times and counts that change little
+    become long runs) and zstd, about 0.4 of its size."""
     import numpy as np
     import zstandard
 
@@ -415,11 +421,12 @@ def _read_series(c: sqlite3.Connection, run_id: str, points: int, names, ranks) 
         recs = [unpack(r[0], r[1], width) for r in c.execute(
             "SELECT data, packed FROM levels WHERE sid=? AND level=? ORDER BY chunk", (sid, level))]
         recs = np.concatenate(recs) if recs else np.empty((0, width))
+        stepped = ~np.isnan(recs[:, 0]) if level == 0 else None
         env = envelope(recs, level)
         keep = minmax_indices(env[2], points) if len(env[2]) > points else slice(None)
         steps, times, values = (a[keep] for a in env)
         out[(rank, name)] = Points(rank, name, count, level, _steps(steps), times.tolist(),
-                                   values.tolist(), env)
+                                   values.tolist(), env, stepped)
     return out
 
 
@@ -438,16 +445,25 @@ def envelope(recs: Any, level: int) -> tuple[Any, Any, Any]:
 
     if level == 0 or not len(recs):
         r = recs if level == 0 else np.empty((0, 3))
-        return r[:, 0].copy(), r[:, 1].copy(), r[:, 2].copy()
+        steps = r[:, 0].copy()
+        gaps = np.isnan(steps)
+        steps[gaps] = np.flatnonzero(gaps)  # a point without a step sits at its index
+        return steps, r[:, 1].copy(), r[:, 2].copy()
     lo, hi = recs[:, SMIN:VMIN + 1], recs[:, SMAX:VMAX + 1]
     lo_first = (lo[:, 0] < hi[:, 0]) | ((lo[:, 0] == hi[:, 0]) & (lo[:, 1] <= hi[:, 1]))
     a = np.where(lo_first[:, None], lo, hi)
     b = np.where(lo_first[:, None], hi, lo)
     pts = np.empty((2 * len(recs), 3))
     pts[0::2], pts[1::2] = a, b
+    nan = recs[np.isnan(recs[:, VSUM]), S1:V1 + 1].copy()  # a bucket that holds a NaN shows
+    nan[:, 2] = np.nan                                      # one, at its last point's step
+    if len(nan):
+        pts = np.vstack((pts, nan))
+        pts = pts[np.argsort(pts[:, 0], kind="stable")]
     pts = np.vstack((recs[:1, S0:V0 + 1], pts, recs[-1:, S1:V1 + 1]))
     # a bucket whose min and max are one point, and the ends, which may repeat a neighbour
-    same = np.r_[False, np.all(pts[1:] == pts[:-1], axis=1)]
+    same = np.r_[False, np.all((pts[1:] == pts[:-1]) | (np.isnan(pts[1:]) & np.isnan(pts[:-1])),
+                               axis=1)]
     pts = pts[~same]
     return pts[:, 0], pts[:, 1], pts[:, 2]
 
@@ -485,7 +501,8 @@ def mean_of_ranks(series: list[Points], points: int) -> tuple[list, list, list]:
     if not series:
         return [], [], []
     if all(p.level == 0 for p in series):
-        st, ts, vs = (np.concatenate([p.env[k] for p in series]) for k in range(3))
+        # a point without a step has no step to be averaged at
+        st, ts, vs = (np.concatenate([p.env[k][p.stepped] for p in series]) for k in range(3))
         grid, at = np.unique(st, return_inverse=True)
         n = np.bincount(at, minlength=len(grid))
         values = np.bincount(at, weights=vs, minlength=len(grid)) / n

@@ -8,6 +8,11 @@ subscription took hold, a slow subscriber's overflow, a run without a publisher 
 job) is read back from the registry: on a gap in the sequence numbers, and about every second
 without live traffic. So a subscriber never sees a gap, however late it attached.
 
+Each connection is a CURVE client of that run's recorder, with that run's key (given to follow(),
+else read from the run's folder; gpu_lab.stream.channel): CURVE options are taken at connect(),
+so one socket holds many runs' keys. A run whose key this process cannot read (another user's) is
+followed through the registry alone, if that can be read; nothing unauthenticated is connected.
+
 It also calls tick callbacks about every 0.25 s so that views can flush what they buffered without
 a timer of their own. Subscribers and ticks run on this thread: they must be quick and must only
 set traits / call batch_update (never `with output:`).
@@ -38,6 +43,8 @@ class _Follow:
     last_check: float = 0.0         # monotonic time of the last registry check
     final: bool = False             # a final status was delivered
     registry: Any = None            # where the run is recorded (None: the default registry)
+    key: Any = None                 # the run's ClientKey: without it, no live connection
+    connected: bool = False         # to `address`, with `key`
 
 
 class Receiver:
@@ -62,6 +69,7 @@ class Receiver:
         self.received = 0      # events handed to subscribers
         self.read_back = 0     # of which read back from the registry
         self.errors = 0
+        self.unkeyed = 0       # follows without a readable key: registry only, no live events
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gpu_lab-receiver", daemon=True)
         self._thread.start()
@@ -76,11 +84,14 @@ class Receiver:
 
     # --- subscriptions -----------------------------------------------------------------------------
     def follow(self, run_id: str, fn: Subscriber, *, after: int = 0,
-               address: str | None = None, registry: Any = None) -> None:
+               address: str | None = None, registry: Any = None, key: Any = None) -> None:
         """Call fn(events) with every event of `run_id` whose seq > `after`, in order, once each.
         `address` is the recorder's PUB address; without it the registry row is asked for it.
-        `registry`: where the run is recorded (default: $GPU_LAB_HOME's, as it was first asked)."""
-        self._commands.put(("follow", _Follow(run_id, fn, after, address, registry=registry)))
+        `registry`: where the run is recorded (default: $GPU_LAB_HOME's, as it was first asked).
+        `key`: the run's ClientKey; without it, the one in the run's folder. A run whose key
+        this process cannot read is followed through the registry alone (no live connection)."""
+        self._commands.put(("follow", _Follow(run_id, fn, after, address, registry=registry,
+                                              key=key)))
 
     def unfollow(self, run_id: str, fn: Subscriber) -> None:
         self._commands.put(("unfollow", (run_id, fn)))
@@ -141,14 +152,14 @@ class Receiver:
                     self._follows.setdefault(arg.run_id, []).append(arg)
                     self._subscribe(arg.run_id, +1)
                     if arg.address:
-                        self._connect(arg.address, +1)
+                        self._connect_follow(arg)
                     self._catch_up(arg, time.monotonic())
                 elif cmd == "unfollow":
                     run_id, fn = arg
                     for f in [f for f in self._follows.get(run_id, []) if f.fn == fn]:
                         self._follows[run_id].remove(f)
                         self._subscribe(run_id, -1)
-                        if f.address:
+                        if f.connected:
                             self._connect(f.address, -1)
                     if not self._follows.get(run_id):
                         self._follows.pop(run_id, None)
@@ -179,9 +190,29 @@ class Receiver:
         else:
             self._topics.pop(run_id, None)
 
-    def _connect(self, address: str, delta: int) -> None:
+    def _connect_follow(self, f: _Follow, row: dict | None = None) -> None:
+        """Connect to f's recorder with the run's key; without the key, stay on the registry."""
+        if f.key is None:
+            from .channel import load_client_key
+
+            if row is None:
+                try:
+                    row = (f.registry or self.registry).get_run(f.run_id) or {}
+                except Exception:  # noqa: BLE001 - a locked database: the next registry check
+                    self.errors += 1  # learns the address (and the key) again
+                    f.address = None
+                    return
+            f.key = load_client_key(row.get("run_dir"))
+        if f.key is None:
+            self.unkeyed += 1
+            return
+        self._connect(f.address, +1, f.key)
+        f.connected = True
+
+    def _connect(self, address: str, delta: int, key: Any = None) -> None:
         n = self._connected.get(address, 0) + delta
         if delta > 0 and n == 1:
+            key.apply(self._sub)  # connect() takes the CURVE options set now: keys per connection
             self._sub.connect(address)
         elif delta < 0 and n == 0:
             try:
@@ -252,7 +283,7 @@ class Receiver:
                     continue
                 if not f.address and row.get("events_address"):
                     f.address = row["events_address"]
-                    self._connect(f.address, +1)
+                    self._connect_follow(f, row)
                 if row["status"] not in ev.ACTIVE_STATUSES and not f.final:
                     self._catch_up(f, now)  # the end's own events, written before the status
                     if not f.final:
@@ -264,7 +295,9 @@ class Receiver:
         for e in events:
             if e.get("seq"):
                 f.delivered = max(f.delivered, e["seq"])
-            if e.get("kind") == ev.STATUS and e["data"].get("status") not in ev.ACTIVE_STATUSES:
+            data = e.get("data")
+            if e.get("kind") == ev.STATUS and isinstance(data, dict) and \
+                    data.get("status") not in ev.ACTIVE_STATUSES:
                 f.final = True
         self.received += len(events)
         try:

@@ -2,6 +2,13 @@
 
 Published messages are [run id, {"first": seq, "count": n}, batch, batch, ...]: the batches as
 the ranks sent them, whose events, decoded in order, carry the numbers first, first + 1, ...
+(a batch that held something the record refuses goes out as the list of events that were kept).
+
+Nothing a rank sends can break the record: each event is checked on its own (events.problem); a bad
+one is dropped and counted, and a `dropped` event from rank -1 says how many and why ({"count": 0,
+"refused": n, "why": {reason: n}}). A batch the database refuses for what is in it is split until
+the events it cannot take are found (dropped and counted the same way, as "unwritable"); only a
+database that is locked, busy or failing is retried, in order. No exception ends the loop.
 
 A launched run's recorder is a process of its own, started by the supervisor (`spawn`): the
 supervisor is a fork of the kernel, and SQLite's state does not survive a fork (a forked child that
@@ -16,6 +23,10 @@ then publishes the numbered events on its PUB socket, topic = run id. So anythin
 sees live is already durable, and a subscriber that missed some (it connected late, or fell behind
 the PUB socket's high-water mark) reads the gap back from the registry by sequence number.
 
+Both sockets are private to the run (gpu_lab.stream.channel): CURVE servers that admit only
+the run's client key, which its ranks and its owner's readers hold; connections with another key
+are refused before anything they send is read, and counted (`refused`).
+
 Memory is bounded: at most `max_pending` events wait for the database. When the database is slow
 the recorder stops draining its socket; zmq's queues fill, and the Reporters' non-blocking sends
 fail and are counted as dropped by the rank that made them (reported as a `dropped` event). A rank
@@ -23,6 +34,7 @@ never waits for the recorder.
 """
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -31,13 +43,18 @@ import time
 from typing import Any
 
 from . import events as ev
+from .channel import ClientKey, Gate, RunKeys
 
 log = logging.getLogger(__name__)
 
 
 class Recorder:
     def __init__(self, registry: Any, run_id: str, *, publish: bool = True,
-                 interval: float = 0.1, max_pending: int = 50_000) -> None:
+                 interval: float = 0.1, max_pending: int = 50_000, keys: RunKeys | None = None,
+                 private: bool = True) -> None:
+        """keys: the run's channel keys (gpu_lab.stream.channel); by default a fresh pair, whose
+        client key (`client_key`) the ranks and readers must hold. private=False: no CURVE, any
+        local process can write and read (only for measuring what the privacy costs)."""
         import zmq
 
         self.registry = registry
@@ -46,18 +63,17 @@ class Recorder:
         self.max_pending = max_pending
         self._zmq = zmq
         self._ctx = zmq.Context()
-        self._pull = self._ctx.socket(zmq.PULL)
-        self._pull.setsockopt(zmq.RCVHWM, 1000)
-        self._pull.setsockopt(zmq.LINGER, 0)
-        self.address = f"tcp://127.0.0.1:{self._pull.bind_to_random_port('tcp://127.0.0.1')}"
+        self.keys = (keys or RunKeys.new()) if private else None
+        self.client_key: ClientKey | None = self.keys.client if self.keys else None
+        # the ZAP handler runs before any socket binds: without one, CURVE admits any client key
+        self._gate = Gate(self._ctx, self.keys) if self.keys else None
+        self._pull = self._bound(zmq.PULL, zmq.RCVHWM, 1000)
+        self.address = self._pull.last_endpoint.decode()
         self._pub = None
         self.publish_address: str | None = None
-        if publish:
-            self._pub = self._ctx.socket(zmq.PUB)
-            self._pub.setsockopt(zmq.SNDHWM, 10_000)  # a slow subscriber misses, then reads back
-            self._pub.setsockopt(zmq.LINGER, 0)
-            port = self._pub.bind_to_random_port("tcp://127.0.0.1")
-            self.publish_address = f"tcp://127.0.0.1:{port}"
+        if publish:  # a slow subscriber misses, then reads back
+            self._pub = self._bound(zmq.PUB, zmq.SNDHWM, 10_000)
+            self.publish_address = self._pub.last_endpoint.decode()
         self._pending: list[dict] = []
         # what the pending events arrived as: a rank's batch (bytes, published as it came) or
         # events made here (a list, encoded at publishing)
@@ -72,8 +88,28 @@ class Recorder:
         self.write_errors = 0
         self.last_seq = 0
         self.peak_pending = 0
+        self.refused_why: dict[str, int] = {}  # events (or messages) dropped here, by reason
+        self.unwritable = 0    # received, then refused by the database: never written
+        self.loop_errors = 0
+        self._noted = 0        # refusals the record has a note of
         self._thread = threading.Thread(target=self._run, name="gpu_lab-recorder", daemon=True)
         self._thread.start()
+
+    def _bound(self, kind: int, hwm_option: int, hwm: int) -> Any:
+        sock = self._ctx.socket(kind)
+        sock.setsockopt(hwm_option, hwm)
+        sock.setsockopt(self._zmq.LINGER, 0)
+        if kind == self._zmq.PULL:  # before bind: a listener copies its options there
+            sock.setsockopt(self._zmq.MAXMSGSIZE, ev.MAX_MESSAGE)
+        if self._gate is not None:
+            self._gate.secure(sock)
+        sock.bind_to_random_port("tcp://127.0.0.1")
+        return sock
+
+    @property
+    def refused(self) -> int:
+        """Connections refused because they held another key (their messages were never read)."""
+        return self._gate.refused if self._gate is not None else 0
 
     # --- input -----------------------------------------------------------------------------------
     def record(self, events: list[dict]) -> None:
@@ -89,7 +125,8 @@ class Recorder:
         with self._flushed:
             target = self.received
             return self._flushed.wait_for(
-                lambda: self.written >= target or self._stop.is_set() and not self._pending,
+                lambda: self.written + self.unwritable >= target
+                or self._stop.is_set() and not self._pending,
                 max(0.0, deadline - time.monotonic()))
 
     # --- the thread --------------------------------------------------------------------------------
@@ -98,26 +135,43 @@ class Recorder:
         poller = zmq.Poller()
         poller.register(self._pull, zmq.POLLIN)
         next_write = time.monotonic() + self.interval
+        failing = 0
         while True:
-            stopping = self._stop.is_set()
-            wait = max(0.0, next_write - time.monotonic())
-            room = len(self._pending) < self.max_pending
-            if room and not stopping:
-                ready = dict(poller.poll(int(wait * 1000)))
-                if self._pull in ready:
-                    self._drain()
-            elif not stopping:
-                time.sleep(min(wait, 0.01))  # full: let the socket's queue hold (and drop) the rest
-            if stopping:
-                self._drain(bounded=False)  # the end: take everything that arrived
-            if time.monotonic() >= next_write or stopping:
-                end, self._end = (self._end, None) if stopping else (None, self._end)
-                ok = self._write(end=end)
-                next_write = time.monotonic() + self.interval
-                if stopping and not ok:  # the database refuses: what is left stays counted
+            try:
+                done, next_write = self._tick(poller, next_write)
+                failing = 0
+            except Exception:  # noqa: BLE001 - nothing a rank sends may end the record
+                self.loop_errors += 1
+                failing += 1
+                if failing <= 3:
+                    log.exception("gpu_lab recorder: an unexpected error; recording goes on")
+                if self._stop.is_set() and failing >= 3:
                     break
-            if stopping and not self._pending:
+                time.sleep(min(self.interval, 0.1))  # a fault that repeats must not spin
+                continue
+            if done:
                 break
+
+    def _tick(self, poller: Any, next_write: float) -> tuple[bool, float]:
+        """One turn of the loop: take what arrived, write when it is time. (done, next_write)."""
+        stopping = self._stop.is_set()
+        wait = max(0.0, next_write - time.monotonic())
+        room = len(self._pending) < self.max_pending
+        if room and not stopping:
+            ready = dict(poller.poll(int(wait * 1000)))
+            if self._pull in ready:
+                self._drain()
+        elif not stopping:
+            time.sleep(min(wait, 0.01))  # full: let the socket's queue hold (and drop) the rest
+        if stopping:
+            self._drain(bounded=False)  # the end: take everything that arrived
+        if time.monotonic() >= next_write or stopping:
+            end, self._end = (self._end, None) if stopping else (None, self._end)
+            ok = self._write(end=end)
+            next_write = time.monotonic() + self.interval
+            if stopping and not ok:  # the database refuses: what is left stays counted
+                return True, next_write
+        return stopping and not self._pending, next_write
 
     def _drain(self, bounded: bool = True) -> int:
         """Take batches from the socket until it is empty or (bounded) `max_pending` events wait:
@@ -129,48 +183,100 @@ class Recorder:
                 raw = self._pull.recv(zmq.NOBLOCK)
             except zmq.Again:
                 break
-            try:
-                events = ev.decode(raw)
-            except ValueError:
-                log.warning("gpu_lab recorder: an undecodable batch from a rank was ignored")
+            events, why = ev.checked(raw)
+            if why:
+                self._refused(why, raw[:120])
+            if not events:
                 continue
             with self._lock:
                 self._pending.extend(events)
-                self._frames.append(raw)
+                self._frames.append(events if why else raw)  # as decoded: the numbering holds
                 self.received += len(events)
                 self.peak_pending = max(self.peak_pending, len(self._pending))
             got += len(events)
         return got
 
+    def _refused(self, why: dict[str, int], what: Any) -> None:
+        for reason, n in why.items():
+            if reason not in self.refused_why:
+                log.warning("gpu_lab recorder: refused %d event(s) (%s) from %.120r; further "
+                            "refusals of this kind are only counted", n, reason, what)
+            self.refused_why[reason] = self.refused_why.get(reason, 0) + n
+
+    def _note(self) -> dict | None:
+        """The record's note of the refusals since the last note (cumulative counts), if any."""
+        total = sum(self.refused_why.values())
+        if total == self._noted:
+            return None
+        self._noted = total
+        return ev.make(self.run_id, -1, ev.DROPPED, {
+            "count": 0, "refused": total, "why": dict(self.refused_why),
+            "text": f"the run's recorder refused {total} event(s) that cannot be recorded: "
+                    + ", ".join(f"{n} {k}" for k, n in sorted(self.refused_why.items()))})
+
     def _write(self, end: dict | None = None) -> bool:
         with self._lock:
             batch, self._pending = self._pending, []
             frames, self._frames = self._frames, []
+        extra = [e for e in (self._note(),) if e is not None]
         if end is not None:  # the run's last event; the row ends in the same transaction
-            last = ev.make(self.run_id, -1, ev.STATUS, end)
-            batch.append(last)
-            frames.append([last])
+            extra.append(ev.make(self.run_id, -1, ev.STATUS, end))
+        if extra:
+            batch += extra
+            frames.append(extra)
             with self._lock:
-                self.received += 1
+                self.received += len(extra)
         if not batch:
             with self._flushed:
                 self._flushed.notify_all()
             return True
-        try:
-            seqs = self.registry.add_events(self.run_id, batch, end=end)
-        except Exception as exc:  # noqa: BLE001 - a locked or full database must not stop the run
-            self.write_errors += 1
-            log.warning("gpu_lab recorder: %d events not yet written (%s); retrying", len(batch), exc)
-            if end is not None:
-                batch, frames = batch[:-1], frames[:-1]
-                with self._lock:
-                    self.received -= 1
-            with self._lock:  # retried in order
-                self._pending[:0] = batch
-                self._frames[:0] = frames
-            return False
-        self.last_seq = seqs[-1]
-        if self._pub is not None:
+        return self._commit([(batch, frames)], end)
+
+    def _commit(self, parts: list, end: dict | None) -> bool:
+        """Write (events, frames) parts in order, the run's end with the last. A part the database
+        refuses for its content is halved until its bad events are found and dropped; when the
+        database itself fails, this and the following parts wait for the next write, in order."""
+        parts = collections.deque(parts)
+        while parts:
+            batch, frames = parts.popleft()
+            last = end if not parts else None
+            try:
+                seqs = self.registry.add_events(self.run_id, batch, end=last)
+            except Exception as exc:  # noqa: BLE001 - sorted out below
+                if _database_trouble(exc):
+                    self._retry_later([batch] + [b for b, _ in parts], end, exc)
+                    return False
+                if len(batch) > 1:
+                    half = len(batch) // 2
+                    parts.extendleft([(batch[half:], [batch[half:]]), (batch[:half], [batch[:half]])])
+                    continue
+                self.unwritable += 1
+                self._refused({"unwritable": 1}, f"{batch[0]!r:.120} ({exc})")
+                note = self._note()
+                if note is not None:
+                    with self._lock:
+                        self.received += 1
+                    parts.appendleft(([note], [[note]]))
+                continue
+            self._publish(seqs, batch, frames)
+        return True
+
+    def _retry_later(self, batches: list, end: dict | None, exc: Exception) -> None:
+        events = [e for b in batches for e in b]
+        self.write_errors += 1
+        log.warning("gpu_lab recorder: %d events not yet written (%s); retrying", len(events), exc)
+        if end is not None:  # the end goes again with the last write (the loop hands it over)
+            events = events[:-1]
+            with self._lock:
+                self.received -= 1
+        with self._lock:  # retried in order
+            self._pending[:0] = events
+            self._frames[:0] = [events]
+
+    def _publish(self, seqs: list[int], batch: list, frames: list) -> None:
+        if seqs:
+            self.last_seq = seqs[-1]
+        if self._pub is not None and seqs:
             # the numbers are implied: the events of these frames, decoded in order, are seqs[0],
             # seqs[0] + 1, ...; the ranks' batches travel as they came, without a second encoding
             head = json.dumps({"first": seqs[0], "count": len(batch)}).encode()
@@ -183,7 +289,6 @@ class Recorder:
         with self._flushed:
             self.written += len(batch)
             self._flushed.notify_all()
-        return True
 
     def close(self, end: dict | None = None, quiet: float = 0.2, timeout: float = 10.0) -> None:
         """Take what the ranks still send (until `quiet` s pass without a message), write and
@@ -201,6 +306,8 @@ class Recorder:
         for s in (self._pull, self._pub):
             if s is not None:
                 s.close(0)
+        if self._gate is not None:
+            self._gate.close()
         self._ctx.term()
 
     def __repr__(self) -> str:
@@ -208,13 +315,21 @@ class Recorder:
                 f"pending={len(self._pending)}, write_errors={self.write_errors})")
 
 
+def _database_trouble(exc: BaseException) -> bool:
+    """A locked, busy, full or failing database (retry), not an event it cannot take (split)."""
+    import sqlite3
+
+    return isinstance(exc, sqlite3.OperationalError) or type(exc) is sqlite3.DatabaseError
+
+
 # --- the recorder process of a launched run ---------------------------------------------------------
 LOST = "its supervisor process ended without recording a final status"
 
 
-def spawn(registry_path: str, run_id: str, log_path: str) -> tuple[Any, dict]:
+def spawn(registry_path: str, run_id: str, log_path: str, keys: RunKeys) -> tuple[Any, dict]:
     """Start the recorder process of a launched run; returns (Popen, its addresses). Called by the
-    supervisor: `end(proc, status)` tells it the run's end."""
+    supervisor: `end(proc, status)` tells it the run's end. The run's keys go over the process's
+    stdin: never on its command line, which every local user can read."""
     import subprocess
     import sys
     from pathlib import Path
@@ -227,6 +342,11 @@ def spawn(registry_path: str, run_id: str, log_path: str) -> tuple[Any, dict]:
         proc = subprocess.Popen([sys.executable, "-m", "gpu_lab.stream.recorder", registry_path,
                                  run_id], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=log_file, env=env)
+    try:
+        proc.stdin.write((json.dumps({"keys": keys.encode()}) + "\n").encode())
+        proc.stdin.flush()
+    except OSError:  # it died at once: its log says why
+        pass
     line = proc.stdout.readline()
     if not line:
         proc.wait(10)
@@ -258,8 +378,14 @@ def serve(registry_path: str, run_id: str) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # a stop is for the ranks: the
         signal.signal(sig, signal.SIG_IGN)                      # record must outlive them
+    try:
+        keys = RunKeys.decode(json.loads(sys.stdin.readline())["keys"])
+    except (ValueError, KeyError, TypeError) as exc:
+        print(f"gpu_lab recorder: expected the run's keys as the first line of stdin "
+              f"({exc}); it is started by gpu_lab.stream.recorder.spawn", file=sys.stderr)
+        return 2
     reg = Registry(registry_path)
-    rec = Recorder(reg, run_id)
+    rec = Recorder(reg, run_id, keys=keys)
     reg.update(run_id, status="running", events_address=rec.publish_address)
     rec.record([ev.make(run_id, -1, ev.STATUS, {"status": "running"})])
     sys.stdout.write(json.dumps({"address": rec.address, "publish": rec.publish_address}) + "\n")
@@ -280,7 +406,8 @@ def serve(registry_path: str, run_id: str) -> int:
     lost = rec.received - rec.written
     print(f"gpu_lab recorder: run {run_id} {final['status']}: {rec.written} events recorded, "
           f"at most {rec.peak_pending} waiting for the database"
-          + (f"; {lost} could not be written to {registry_path}" if lost else ""),
+          + (f"; {lost} could not be written to {registry_path}" if lost else "")
+          + (f"; {rec.refused} connection(s) with another key refused" if rec.refused else ""),
           file=sys.stderr, flush=True)
     return 0
 

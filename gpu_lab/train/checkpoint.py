@@ -142,7 +142,8 @@ def save_checkpoint(root: str | os.PathLike, step: int, files: Mapping[str, Writ
             keep_last=keep_last)
 
     try:
-        root.mkdir(parents=True, exist_ok=True)
+        from ..access import private_if_new
+        private_if_new(root)  # made here: the owner's only (gpu_lab.access)
     except OSError as e:
         missing = _missing_ancestor(root)
         reason = "missing" if missing is not None else (_storage_reason(e) or "permission")

@@ -5,7 +5,8 @@
 Each run is one trace (the mean over its ranks, or one rank's values) of at most `max_points`
 points, read from the registry's downsampled levels: each bucket's minimum and maximum are exact,
 and the cost is that of the points drawn, not of the run's length. The legend names each run by
-the config fields in which the runs differ.
+the config fields in which the runs differ. NaN and infinite values are points like others (a
+diverging run shows where it diverged; plotly draws them as gaps).
 """
 from __future__ import annotations
 
@@ -69,15 +70,22 @@ def _series(reg: Registry, row: dict, metric: str, x: str, rank: int | None,
     the registry's downsampled levels (each bucket's min and max exact)."""
     snap = reg.series(row["id"], points, names=[metric],
                       ranks=None if rank is None else [rank])
+    t0 = row.get("started") or 0.0
     if rank is None:
-        steps, times, values = levels.mean_of_ranks(list(snap.series.values()), points)
+        ps = list(snap.series.values())
+        steps, times, values = levels.mean_of_ranks(ps, points)
+        if x == "step":  # a point without a step (an older record) is placed by its time
+            for p in ps:
+                if p.stepped is not None and not p.stepped.all():
+                    steps += [round(t - t0, 3) for t in p.env[1][~p.stepped].tolist()]
+                    values += p.env[2][~p.stepped].tolist()
     else:
         p = snap.series.get((rank, metric))
         steps, times, values = (p.steps, p.times, p.values) if p else ([], [], [])
     if x == "step":
-        return list(steps), list(values)
-    t0 = row.get("started") or (times[0] if times else 0.0)
-    pairs = sorted(zip((round(t - t0, 3) for t in times), values))
+        pairs = sorted(zip(steps, values), key=lambda a: a[0])
+    else:
+        pairs = sorted(zip((round(t - t0, 3) for t in times), values), key=lambda a: a[0])
     return [a for a, _ in pairs], [b for _, b in pairs]
 
 
