@@ -15,6 +15,7 @@ import pytest
 import gpu_lab
 import launch_fns
 from proc_utils import wait_until
+from test_registry_faults import read_only_view  # noqa: F401 - the fixture, as that file makes it
 from bench.lib.records import SPIKE, loss_at, write_record
 from gpu_lab.launch.run import attach
 from gpu_lab.registry import Registry
@@ -215,3 +216,24 @@ def test_live_events_continue_an_attached_history_without_gap_or_duplicate():
     steps, _ = other.metrics.series("loss", 0)
     assert steps == list(range(len(steps)))  # every step once, in order
     assert other.metrics.count("loss", 0) == recorded == len(steps)
+
+
+def test_a_run_without_levels_in_a_registry_we_may_only_read(read_only_view):
+    src, make = read_only_view
+    path = src / "registry.db"
+    c = sqlite3.connect(path)
+    c.executescript(OLD_SCHEMA)
+    c.execute("INSERT INTO runs (id, name, status, num_processes, started) VALUES "
+              "('old', 'old', 'succeeded', 1, 1.7e9)")
+    c.executemany("INSERT INTO events VALUES ('old', ?, 0, 'metric', ?, ?, ?)",
+                  [(s + 1, 1.7e9 + s, s, json.dumps({"loss": SPIKE if s == 700 else 1.0}))
+                   for s in range(5000)])
+    c.commit()
+    c.close()
+    Registry(path)  # upgraded (level tables), but the run's levels are not built yet
+    view = make()
+    with pytest.warns(UserWarning, match="read-only"):
+        reg = Registry(view / "registry.db")
+    p = reg.series("old", 100).series[(0, "loss")]  # built in memory: nothing can be written
+    assert p.count == 5000 and len(p.values) <= 100 and SPIKE in p.values
+    assert attach("old", registry=reg).metrics.series("loss", 0)[0][-1] == 4999
