@@ -9,8 +9,8 @@ Contract:
   The newest bucket of each level is open and is rewritten as points arrive. Level 0 holds the raw
   points while the series has at most RAW_KEEP of them (then level 1 already gives >= 2 * RAW_KEEP
   / F points, and level 0 is dropped). Buckets are stored CHUNK to a row (a blob of float64
-  records, compressed: `pack`), so a transaction rewrites a few rows per series, whatever the
-  batch.
+  records), so a transaction rewrites a few rows per series, whatever the batch; a chunk that
+  can no longer change is compressed (`pack`) once.
 - `read` answers with at most `points` points per series from the coarsest level that still gives
   >= `points` (each bucket gives its min and max), in time and memory bounded by `points`, not by
   the series' length. Each bucket's minimum and maximum are exact, so a spike never disappears.
@@ -275,8 +275,11 @@ def _splice(c: sqlite3.Connection, sid: int, level: int, ids: list, recs: Any,
         have = have[:-1]
     block = np.vstack((have, recs))
     for i in range(0, len(block), size):
-        # packed, the open chunk too: it is rewritten by every batch, and the WAL holds each
-        out.append((sid, level, chunk + i // size, 1, pack(block[i:i + size])))
+        part = block[i:i + size]
+        if i + size < len(block):  # a chunk with a bucket after it is final: packed, once
+            out.append((sid, level, chunk + i // size, 1, pack(part)))
+        else:  # the open chunk, rewritten by each batch: kept plain (cheaper to rewrite)
+            out.append((sid, level, chunk + i // size, 0, part.tobytes()))
 
 
 def pack(recs: Any) -> bytes:
