@@ -38,7 +38,9 @@ from urllib.parse import quote
 
 from .access import SHARE_GROUP, group_name, share_gid
 from .stream.events import ACTIVE_STATUSES as ACTIVE
+from .stream.events import KINDS, METRIC
 from .stream.events import STATUSES
+from .stream import levels as _levels
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -92,7 +94,7 @@ _JSON_COLUMNS = ("config", "resumed_from", "summary")
 
 # Stored in the database's user_version once its schema is in place: an existing file whose
 # number matches opens without the lock and without writing. Any change of the schema changes it.
-_VERSION = zlib.crc32((_SCHEMA + repr(_ADDED)).encode()) & 0x7FFFFFFF
+_VERSION = zlib.crc32((_SCHEMA + _levels.SCHEMA + repr(_ADDED)).encode()) & 0x7FFFFFFF
 _SIDE_FILES = ("", "-wal", "-shm", ".lock")
 _NOTED: set[str] = set()  # registries already noted as read-only in this process
 
@@ -284,7 +286,7 @@ class Registry:
                 c = self._conn()
                 if c.execute("PRAGMA user_version").fetchone()[0] != _VERSION:
                     c.execute("PRAGMA journal_mode=WAL")
-                    c.executescript(_SCHEMA)
+                    c.executescript(_SCHEMA + _levels.SCHEMA)
                     _upgrade(c)
                     c.execute(f"PRAGMA user_version={_VERSION}")
             finally:
@@ -474,6 +476,7 @@ class Registry:
         with self._conn() as c:
             c.execute("DELETE FROM events WHERE run_id=?", (run_id,))
             c.execute("DELETE FROM checkpoints WHERE run_id=?", (run_id,))
+            _levels.delete(c, run_id)
             c.execute("DELETE FROM runs WHERE id=?", (run_id,))
 
     # --- events ----------------------------------------------------------------------------------
@@ -514,6 +517,7 @@ class Registry:
                         "time t, an int step or None, a dict data of JSON values") from None
             c.executemany("INSERT INTO events (run_id, seq, rank, kind, t, step, data) "
                           "VALUES (?,?,?,?,?,?,?)", rows)
+            _levels.record(c, run_id, events, base)  # the levels of its series, in step
             metric = [e for e in events if e["kind"] == "metric"]
             if metric:
                 row = c.execute("SELECT last_step, summary FROM runs WHERE id=?",
@@ -557,6 +561,62 @@ class Registry:
         """The newest recorded event's sequence number (0: none yet)."""
         return self._conn().execute("SELECT COALESCE(MAX(seq), 0) FROM events WHERE run_id=?",
                                     (run_id,)).fetchone()[0]
+
+    def last_events(self, run_id: str, kinds: Sequence[str], limit: int,
+                    upto: int | None = None) -> list[dict]:
+        """The newest `limit` events of these non-metric kinds (seq <= upto), oldest first: read
+        through the index of non-metric events, so a run's length does not count."""
+        bad = [k for k in kinds if k not in KINDS or k == METRIC]
+        if bad or not kinds:
+            raise ValueError(f"Registry.last_events: kinds {list(kinds)!r}; accepted: any of "
+                             f"{', '.join(k for k in KINDS if k != METRIC)}")
+        rows: list = []
+        for kind in dict.fromkeys(kinds):  # one index range per kind, newest first
+            rows += self._conn().execute(
+                "SELECT seq, rank, kind, t, step, data FROM events INDEXED BY events_notes "
+                "WHERE run_id=? AND kind<>'metric' AND kind=? AND seq<=? ORDER BY seq DESC "
+                "LIMIT ?", (run_id, kind, upto if upto is not None else 2**62,
+                            int(limit))).fetchall()
+        rows = sorted(rows, key=lambda r: r[0])[-int(limit):] if limit else []
+        return [{"run": run_id, "seq": r[0], "rank": r[1], "kind": r[2], "t": r[3], "step": r[4],
+                 "data": json.loads(r[5])} for r in rows]
+
+    def count_events(self, run_id: str, kind: str, upto: int | None = None) -> int:
+        """How many events of one non-metric kind the run holds (seq <= upto)."""
+        if kind not in KINDS or kind == METRIC:
+            raise ValueError(f"Registry.count_events: kind {kind!r}; accepted: any of "
+                             f"{', '.join(k for k in KINDS if k != METRIC)}")
+        return self._conn().execute(
+            "SELECT COUNT(*) FROM events INDEXED BY events_notes WHERE run_id=? AND "
+            "kind<>'metric' AND kind=? AND seq<=?",
+            (run_id, kind, upto if upto is not None else 2**62)).fetchone()[0]
+
+    def series(self, run_id: str, points: int, names: Sequence[str] | None = None,
+               ranks: Sequence[int] | None = None) -> "_levels.Snapshot":
+        """Every metric series of the run (or those named / of those ranks), each at most
+        `points` points with its min/max envelope exact, and the newest event number they
+        include: read from the downsampled levels, in time bounded by `points`."""
+        return _levels.read(self._conn(), run_id, int(points), names=names, ranks=ranks)
+
+    def metric_pages(self, run_id: str, page: int = 50_000, name: str | None = None,
+                     rank: int | None = None) -> Iterable[list[tuple]]:
+        """Every metric point of the run at full resolution as pages of (seq, rank, step, t,
+        name, value) tuples, oldest first: memory bounded by `page` events."""
+        after = 0
+        while True:
+            q = ("SELECT seq, rank, step, t, data FROM events WHERE run_id=? AND seq>? AND "
+                 "kind='metric'" + (" AND rank=?" if rank is not None else "") +
+                 " ORDER BY seq LIMIT ?")
+            args = (run_id, after, *(() if rank is None else (int(rank),)), int(page))
+            rows = self._conn().execute(q, args).fetchall()
+            if not rows:
+                return
+            out = [(r[0], r[1], r[2], r[3], k, v) for r in rows
+                   for k, v in json.loads(r[4]).items()
+                   if (name is None or k == name) and isinstance(v, (int, float))
+                   and not isinstance(v, bool)]
+            after = rows[-1][0]
+            yield out
 
     def add_metrics(self, rows: Iterable[tuple]) -> int:
         """Record (run_id, rank, step, t, name, value) rows, one metric event per row: a shorthand

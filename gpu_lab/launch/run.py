@@ -3,9 +3,9 @@
 
 The run's record belongs to the run: its supervisor records every event in the registry and
 publishes it live. A Run handle is one subscriber among others. `gpu_lab.launch` returns one;
-`gpu_lab.attach(id_or_name)` makes one for any run on this host (history from the registry, then
-the live events), and both work the same: status, wait, wait_for_step, stop, request_checkpoint,
-logs, error, result, dashboard, resume.
+`gpu_lab.attach(id_or_name)` makes one for any run on this host (a bounded history from the
+registry's downsampled levels, then the live events), and both work the same: status, wait,
+wait_for_step, stop, request_checkpoint, logs, error, result, dashboard, resume.
 """
 from __future__ import annotations
 
@@ -21,10 +21,12 @@ from typing import Any, Callable
 
 from ..registry import Registry
 from ..stream import events as ev
-from ..stream.history import MetricHistory
+from ..stream.runmetrics import ATTACH_POINTS, RunMetrics
 from . import triage
 
 FINAL = ev.FINAL_STATUSES
+NOTES_KEPT = 500  # newest events of each non-metric kind read at attach (their totals are counted)
+NOTE_KINDS = (ev.STATUS, ev.DROPPED, ev.ERROR, ev.LOG)
 
 
 class RunFailedError(RuntimeError):
@@ -56,7 +58,8 @@ class Run:
         self.owner = owner  # launched by this process (it is the supervisor's parent)
         self.pid: int | None = None
         self.pid_started: float | None = None
-        self.metrics = MetricHistory()
+        self.metrics = RunMetrics(registry, run_id)
+        self.history_counts: dict[str, int] = {}  # attach: events of each non-metric kind recorded
         self.exitcode: int | None = None
         self.reason: str | None = None
         self._fn: Callable | None = None  # the training function and its args, for resume()
@@ -222,11 +225,24 @@ class Run:
         get_receiver().follow(self.id, self._on_events, after=self._seq, address=row_address,
                               registry=self._registry)
 
-    def _load_history(self) -> None:
-        """Apply the run's recorded events (an attach), on the calling thread."""
-        events = self._registry.events(self.id, after=self._seq)
-        if events:
-            self._on_events(events)
+    def _load_history(self, points: int = ATTACH_POINTS) -> None:
+        """Apply the run's record (an attach), on the calling thread, in time and memory bounded
+        by `points` per series: the metrics from the registry's downsampled levels, the newest
+        NOTES_KEPT events of each other kind (history_counts has their totals). Live events then
+        follow from the snapshot's seq: no gap, no duplicate."""
+        snap = self._registry.series(self.id, points)
+        self.metrics.seed(snap)
+        for (rank, name), p in snap.series.items():
+            if p.steps:
+                self._last_step[(name, rank)] = max(p.steps)
+        notes = []
+        for kind in NOTE_KINDS:
+            notes += self._registry.last_events(self.id, [kind], NOTES_KEPT, upto=snap.seq)
+            self.history_counts[kind] = self._registry.count_events(self.id, kind, upto=snap.seq)
+        self.history_counts["metric_points"] = sum(p.count for p in snap.series.values())
+        if notes:
+            self._on_events(sorted(notes, key=lambda e: e["seq"]))
+        self._seq = max(self._seq, snap.seq)
 
     def _on_events(self, events: list) -> None:
         progressed = False
@@ -382,9 +398,11 @@ class Run:
 
 
 def attach(run_id_or_name: str, registry: Registry | None = None) -> Run:
-    """A Run handle on a run of this host, by id or name (the newest run of that name): its whole
-    recorded history, then its live events. Works from any kernel or script, whoever launched it,
-    and for finished runs too."""
+    """A Run handle on a run of this host, by id or name (the newest run of that name): its
+    recorded history, bounded (each metric series at most ATTACH_POINTS points with each bucket's
+    min and max exact, the newest NOTES_KEPT events of each other kind), then its live events.
+    Every point is one call away: run.metrics.frame() / to_csv(). Works from any kernel or script,
+    whoever launched it, and for finished runs too."""
     reg = registry or Registry()
     row = reg.find_run(run_id_or_name)
     run = Run._from_row(row, reg)

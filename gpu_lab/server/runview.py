@@ -1,17 +1,17 @@
 """What the lab's run view and comparison read: a run's record and the files in its run folder.
 
 Every function here blocks (SQLite, file reads): the handlers and the live feed call them in the
-extension's thread pool. A run's history is read in pages and folded into bounded series as it is
-read, so opening the view of a million-step run costs the server a scan, not a million points in
-memory, and the browser gets at most `points` points per series, each bucket's minimum and maximum
-kept (gpu_lab.stream.history).
+extension's thread pool. A run's series come from the registry's downsampled levels
+(gpu_lab.stream.levels), so opening the view of a million-step run costs what the points shown
+cost, not the run's length: the browser gets at most `points` points per series, each bucket's
+minimum and maximum exact. The notes are the newest NOTES_KEPT, read through an index.
 
-Series are per metric, per rank and for the mean over the ranks at each step ("mean"): what the
-view draws. NaN and infinite values are points of their series (a rank's NaN makes that step's
-mean NaN: a diverging run must show); JSON has neither, so the browser gets them as null in
-`value`, and each series that holds any also lists them in `nonfinite`: [[index, "NaN" |
-"Infinity" | "-Infinity"], ...]. A step that is not an int (an older record) counts as none. Log files are the run folder's logs/rank<N>.log and logs/supervisor.log, read by byte
-offset so that a browser can follow them from where it stopped.
+Series are per metric, per rank and for the mean over the ranks ("mean"): what the view draws.
+NaN and infinite values are points of their series (a rank's NaN makes that step's mean NaN: a
+diverging run must show); JSON has neither, so the browser gets them as null in `value`, and
+each series that holds any also lists them in `nonfinite`: [[index, "NaN" | "Infinity" |
+"-Infinity"], ...]. Log files are the run folder's logs/rank<N>.log and logs/supervisor.log,
+read by byte offset so that a browser can follow them from where it stopped.
 """
 from __future__ import annotations
 
@@ -20,20 +20,20 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from gpu_lab.stream import events as ev
-from gpu_lab.stream.history import MetricHistory
+from gpu_lab.stream import levels
 
 from .wire import json_safe, run_to_wire
 
 DEFAULT_POINTS = 1000
 MAX_POINTS = 5000
-PAGE = 5000              # events per registry read while folding a history
 EVENTS_LIMIT = 2000      # events per incremental answer (the rest follows in the next one)
 LOG_TAIL_BYTES = 16 * 1024
 LOG_CHUNK_BYTES = 64 * 1024
 NOTES_KEPT = 100         # newest log/error/dropped events sent with a run
+STATUSES_KEPT = 1000     # newest status events read for the ranks' pids
 NOTE_KINDS = (ev.LOG, ev.ERROR, ev.DROPPED)
 _NONFINITE = {float("inf"): "Infinity", float("-inf"): "-Infinity"}
 LOG_NAME = re.compile(r"^(rank\d{1,5}|supervisor)\.log$")
@@ -41,100 +41,17 @@ MEAN = "mean"
 
 
 # --- series ---------------------------------------------------------------------------------------
-class MeanByStep:
-    """The mean over ranks of each metric at each step, folded as events arrive.
-
-    Means leave in step order: the oldest open step goes once every rank reported it, or once a
-    step `window` steps newer has arrived (a rank that dropped a report must not hold the mean
-    back forever). Ranks report nearly in step, so few steps are open and memory stays bounded."""
-
-    def __init__(self, ranks: int, sink: MetricHistory, window: int = 16) -> None:
-        self.ranks = max(1, ranks)
-        self.sink = sink
-        self.window = window
-        self._open: dict[str, dict[int, list[float]]] = {}  # name -> step -> [sum, n, t]
-        self._newest: dict[str, int] = {}
-
-    def add(self, step: int | None, t: float, data: dict) -> None:
-        if type(step) is not int or not isinstance(t, (int, float)):
-            return
-        for name, v in ev.numbers(data):
-            steps = self._open.setdefault(name, {})
-            acc = steps.setdefault(step, [0.0, 0, t])
-            acc[0] += v
-            acc[1] += 1
-            acc[2] = max(acc[2], t)
-            self._newest[name] = max(self._newest.get(name, step), step)
-            self._emit(name)
-
-    def _emit(self, name: str, everything: bool = False) -> None:
-        steps = self._open[name]
-        while steps:
-            first = min(steps)
-            total, n, t = steps[first]
-            if not (everything or n >= self.ranks or first < self._newest[name] - self.window):
-                return
-            del steps[first]
-            self.sink.add(0, first, t, {name: total / n})
-
-    def flush(self) -> None:
-        for name in self._open:
-            self._emit(name, everything=True)
-
-    def pending(self) -> dict[str, list[list[float]]]:
-        """The steps still open: {metric: [[step, sum, n, t], ...]}, for a reader that goes on
-        folding the run's next events (the run view)."""
-        return {name: [[step, *acc] for step, acc in sorted(steps.items())]
-                for name, steps in self._open.items() if steps}
-
-
-def metric_pages(registry: Any, run_id: str, upto: int) -> Iterator[dict]:
-    """A run's metric events up to seq `upto`, read PAGE at a time."""
-    after = 0
-    while after < upto:
-        page = registry.events(run_id, after=after, upto=upto, kinds=[ev.METRIC], limit=PAGE)
-        if not page:
-            return
-        yield from page
-        after = page[-1]["seq"]
-
-
-def fold_series(events: Iterable[dict], ranks: int, points: int, with_ranks: bool = True,
-                open_means: dict | None = None) -> dict[str, dict[str, dict[str, list]]]:
-    """{metric: {"0": {step, t, value}, "1": ..., "mean": ...}}, each at most `points` points.
-    `with_ranks=False` keeps only the mean (a comparison overlays runs, not their ranks). Steps
-    whose mean still waits for a rank go into `open_means` when it is given (a live run),
-    else into the mean as they are."""
-    cap = max(8, points)
-    per_rank, means = MetricHistory(capacity=cap), MetricHistory(capacity=cap)
-    mean = MeanByStep(ranks, means)
-    for e in events:
-        if with_ranks:
-            per_rank.add(e.get("rank"), e.get("step"), e.get("t"), e.get("data"))
-        mean.add(e.get("step"), e.get("t"), e.get("data"))
-    if open_means is None:
-        mean.flush()
-    else:
-        open_means.update(mean.pending())
-    out: dict[str, dict[str, dict[str, list]]] = {}
-    sources = [(MEAN, means, 0)] + ([(str(r), per_rank, r) for r in per_rank.ranks()]
-                                    if with_ranks else [])
-    for key, hist, rank in sources:
-        for name in hist.names():
-            steps, values = hist.series(name, rank)
-            if not steps:
-                continue
-            out.setdefault(name, {})[key] = _bounded(steps, hist.times(name, rank), values, points)
+def series_to_wire(snapshot: Any, points: int, with_ranks: bool = True) -> dict:
+    """{metric: {"0": {step, t, value}, "1": ..., "mean": ...}}, each at most `points` points, from
+    a registry snapshot (Registry.series). `with_ranks=False` keeps only the mean (a comparison
+    overlays runs, not their ranks)."""
+    out: dict = {}
+    for name, by in levels.by_metric(snapshot, points, with_ranks).items():
+        out[name] = {key: _wire(*s) for key, s in by.items()}
     return out
 
 
-def _bounded(steps: list, times: list, values: list, points: int) -> dict[str, list]:
-    """At most `points` points, each bucket's min and max kept (the history holds up to twice)."""
-    if len(values) > points:
-        from gpu_lab.stream.history import decimate_minmax
-
-        keep, _ = decimate_minmax(list(range(len(values))), values, max(4, points))
-        steps, times, values = ([a[i] for i in keep] for a in (steps, times, values))
+def _wire(steps: list, times: list, values: list) -> dict[str, list]:
     out = {"step": list(steps), "t": [round(t, 3) for t in times], "value": json_safe(values)}
     odd = [[i, _NONFINITE.get(v, "NaN")] for i, v in enumerate(values) if not math.isfinite(v)]
     if odd:
@@ -154,19 +71,18 @@ def detail(registry: Any, run_id: str, points: int = DEFAULT_POINTS) -> dict | N
     row = registry.get_run(run_id)
     if row is None:
         return None
-    seq = registry.last_seq(run_id)  # first: what is read below stops here, the feed goes on
+    snap = registry.series(run_id, points)  # what is read below stops at its seq; the feed goes on
+    seq = snap.seq
     out = row_to_wire(registry, row)
     out["config"] = json_safe(row.get("config") or {})
     out["seq"] = seq
-    pending: dict | None = {} if row["status"] in ev.ACTIVE_STATUSES else None
-    out["series"] = fold_series(metric_pages(registry, run_id, seq),
-                                int(row.get("num_processes") or 1), points, open_means=pending)
-    out["mean_open"] = pending or {}
+    out["series"] = series_to_wire(snap, points)
+    out["mean_open"] = {}  # the snapshot's means are whole; the browser folds what follows
     out["notes"] = [event_to_wire(e) for e in
-                    registry.events(run_id, upto=seq, kinds=NOTE_KINDS)[-NOTES_KEPT:]]
-    # each rank's pid (its first status event): what NVML lists on the GPUs the rank uses
+                    registry.last_events(run_id, NOTE_KINDS, NOTES_KEPT, upto=seq)]
+    # each rank's pid (from its status events): what NVML lists on the GPUs the rank uses
     out["pids"] = {str(e["rank"]): e["data"]["pid"]
-                   for e in registry.events(run_id, upto=seq, kinds=[ev.STATUS])
+                   for e in registry.last_events(run_id, [ev.STATUS], STATUSES_KEPT, upto=seq)
                    if isinstance(e["data"], dict) and isinstance(e["data"].get("pid"), int)
                    and isinstance(e["rank"], int) and e["rank"] >= 0}
     out["failure"] = failure(row)
@@ -333,9 +249,7 @@ def compare(registry: Any, run_ids: list[str], points: int = DEFAULT_POINTS) -> 
     runs, metrics = [], {}
     for row in rows:
         rid, cfg = row["id"], row.get("config") or {}
-        seq = registry.last_seq(rid)
-        series = fold_series(metric_pages(registry, rid, seq), int(row.get("num_processes") or 1),
-                             points, with_ranks=False)
+        series = series_to_wire(registry.series(rid, points), points, with_ranks=False)
         t0 = row.get("started") or 0.0
         for name, by in series.items():
             s = by[MEAN]

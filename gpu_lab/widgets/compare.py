@@ -2,11 +2,11 @@
 
     gpu_lab.compare(gpu_lab.runs(name="lr-sweep"), metric="loss", x="step")
 
-Each run is one trace (the mean over its ranks at each step, or one rank's values), decimated to a
-bounded number of points that keeps each bucket's minimum and maximum. The legend names each run by
-the config fields in which the runs differ. NaN and infinite values are points like others (a diverging run shows where it
-diverged; plotly draws them as gaps); a step or value of the wrong type in an older record is
-skipped (a point without an int step is placed by its time).
+Each run is one trace (the mean over its ranks, or one rank's values) of at most `max_points`
+points, read from the registry's downsampled levels: each bucket's minimum and maximum are exact,
+and the cost is that of the points drawn, not of the run's length. The legend names each run by
+the config fields in which the runs differ. NaN and infinite values are points like others (a
+diverging run shows where it diverged; plotly draws them as gaps).
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any, Iterable
 
 from ..config import config_diff
 from ..registry import Registry
-from ..stream.history import decimate_minmax
+from ..stream import levels
 
 X_AXES = ("step", "time")
 
@@ -34,8 +34,7 @@ def compare(runs: Iterable[Any], metric: str = "loss", x: str = "step", *, rank:
     differ = config_diff([r.get("config") for r in rows])
     fig = go.Figure()
     for row in rows:
-        xs, ys = _series(reg, row, metric, x, rank)
-        xs, ys = decimate_minmax(xs, ys, max_points) if len(xs) > max_points else (xs, ys)
+        xs, ys = _series(reg, row, metric, x, rank, max_points)
         cfg = row.get("config") or {}
         label = ", ".join(f"{k}={cfg.get(k)}" for k in differ) or row.get("name") or row["id"]
         fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=label,
@@ -65,34 +64,29 @@ def _row(run: Any, reg: Registry) -> dict:
     return reg.find_run(run_id)
 
 
-def _series(reg: Registry, row: dict, metric: str, x: str, rank: int | None) -> tuple[list, list]:
-    """(x, y) of one run: the mean over ranks per step (or one rank's points)."""
-    try:
-        points = reg.metrics(row["id"], metric, rank)
-    except (AttributeError, TypeError):  # an older record holds a metric event whose data is
-        points = _points(reg, row["id"], metric, rank)  # not a dict: read it event by event
-    t0 = row.get("started") or (points[0]["t"] if points else 0.0)
-    by_key: dict[Any, list[float]] = {}
-    for m in points:
-        value, step, t = m.get("value"), m.get("step"), m.get("t")
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            continue
-        if x == "step" and type(step) is int:
-            key = step
-        elif isinstance(t, (int, float)):
-            key = round(t - t0, 3)
-        else:
-            continue
-        by_key.setdefault(key, []).append(float(value))
-    keys = sorted(by_key)
-    return keys, [sum(by_key[k]) / len(by_key[k]) for k in keys]
-
-
-def _points(reg: Registry, run_id: str, metric: str, rank: int | None) -> list[dict]:
-    return [{"step": e["step"], "t": e["t"], "value": e["data"][metric]}
-            for e in reg.events(run_id, kinds=["metric"])
-            if isinstance(e["data"], dict) and metric in e["data"]
-            and (rank is None or e["rank"] == rank)]
+def _series(reg: Registry, row: dict, metric: str, x: str, rank: int | None,
+            points: int) -> tuple[list, list]:
+    """(x, y) of one run: the mean over ranks (or one rank's points), at most `points` points, from
+    the registry's downsampled levels (each bucket's min and max exact)."""
+    snap = reg.series(row["id"], points, names=[metric],
+                      ranks=None if rank is None else [rank])
+    t0 = row.get("started") or 0.0
+    if rank is None:
+        ps = list(snap.series.values())
+        steps, times, values = levels.mean_of_ranks(ps, points)
+        if x == "step":  # a point without a step (an older record) is placed by its time
+            for p in ps:
+                if p.stepped is not None and not p.stepped.all():
+                    steps += [round(t - t0, 3) for t in p.env[1][~p.stepped].tolist()]
+                    values += p.env[2][~p.stepped].tolist()
+    else:
+        p = snap.series.get((rank, metric))
+        steps, times, values = (p.steps, p.times, p.values) if p else ([], [], [])
+    if x == "step":
+        pairs = sorted(zip(steps, values), key=lambda a: a[0])
+    else:
+        pairs = sorted(zip((round(t - t0, 3) for t in times), values), key=lambda a: a[0])
+    return [a for a, _ in pairs], [b for _, b in pairs]
 
 
 __all__ = ["compare"]
