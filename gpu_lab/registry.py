@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import itertools
 import json
 import os
 import socket
@@ -712,18 +713,25 @@ def _upgrade(c: sqlite3.Connection) -> None:
 
 def _fold_last(step: int | None, summary: str | None, metric: list[dict]) -> tuple:
     """The run's (last step, summary JSON) after these metric events. The summary maps each metric
-    to [rank, value]: the newest value of the lowest rank that reports it (rank 0's numbers win)."""
-    steps = [e["step"] for e in metric if e.get("step") is not None]
-    if steps:
-        step = max(steps) if step is None else max(step, max(steps))
+    to [rank, value]: the newest value of the lowest rank that reports it (rank 0's numbers win).
+    On the recorder's path for every batch: the passes over all events run in C (map, filter)."""
+    top = max(filter(None.__ne__, map(dict.get, metric, itertools.repeat("step"))), default=None)
+    if top is not None:
+        step = top if step is None else max(step, top)
     values = json.loads(summary) if summary else {}
-    lowest = min(int(e.get("rank", 0)) for e in metric)
+    ranks = [int(e.get("rank", -1)) for e in metric]
+    lowest = min(ranks)
+    mine = metric if ranks.count(lowest) == len(ranks) else \
+        [e for e, r in zip(metric, ranks) if r == lowest]
+    datas = [e.get("data") or {} for e in mine]
+    names = set(itertools.chain.from_iterable(datas))
     seen: dict = {}
-    for e in reversed(metric):  # newest first: the first value met of each name is the newest
-        if int(e.get("rank", 0)) == lowest:
-            for k, v in e["data"].items():
-                if k not in seen and isinstance(v, (int, float)) and not isinstance(v, bool):
-                    seen[k] = v
+    for data in reversed(datas):  # newest first: the first value met of each name is the newest
+        for k, v in data.items():
+            if k not in seen and isinstance(v, (int, float)) and not isinstance(v, bool):
+                seen[k] = v
+        if len(seen) == len(names):  # every name has its newest value (most batches: 1 event)
+            break
     for k, v in seen.items():
         old = values.get(k)
         if old is None or lowest <= old[0]:
@@ -750,7 +758,17 @@ def _plain(o: Any) -> Any:
         return repr(o)
 
 
-_encode = json.JSONEncoder(separators=(",", ":"), default=_plain).encode  # made once: per event
+# made once: JSONEncoder.encode builds its C encoder anew at every call, a third of its cost per
+# event; this is that C encoder (no circular check: event data are trees), called as _encode(o)
+_c_encode = json.encoder.c_make_encoder(None, _plain, json.encoder.encode_basestring_ascii, None,
+                                        ":", ",", False, False, True) \
+    if json.encoder.c_make_encoder is not None else None
+
+
+def _encode(o: Any) -> str:
+    if _c_encode is None:  # a Python without the C accelerator
+        return json.dumps(o, separators=(",", ":"), default=_plain)
+    return "".join(_c_encode(o, 0))
 
 
 def _to_sql(column: str, value: Any) -> Any:
