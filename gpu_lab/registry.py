@@ -41,6 +41,7 @@ from .access import SHARE_GROUP, group_name, share_gid
 from .stream.events import ACTIVE_STATUSES as ACTIVE
 from .stream.events import KINDS, METRIC
 from .stream.events import STATUSES
+from .stream.events import TEXT as _TEXT
 from .stream import levels as _levels
 
 _SCHEMA = """
@@ -482,12 +483,14 @@ class Registry:
 
     # --- events ----------------------------------------------------------------------------------
     def add_events(self, run_id: str, events: Sequence[dict], *,
-                   end: dict | None = None) -> list[int]:
+                   end: dict | None = None, checked: bool = False) -> list[int]:
         """Append events (dicts of the stream's schema) to a run's record in one transaction and
         return their sequence numbers. Numbers are given here, under the write lock, so several
         writers of one run (the ranks of a headless job) never collide, and a reader that has
         seen seq N has everything up to N. Also keeps the run's last step and last values.
-        `end` ({"status", "reason", "error"}) also ends the run in the same transaction."""
+        `end` ({"status", "reason", "error"}) also ends the run in the same transaction.
+        `checked`: every event already meets the record's contract (`events.problem`, as the
+        recorder checks them), so the strict row conversion is skipped."""
         if not events and end is None:
             return []
         c = self._conn()
@@ -495,8 +498,8 @@ class Registry:
         try:
             base = c.execute("SELECT COALESCE(MAX(seq), 0) FROM events WHERE run_id=?",
                              (run_id,)).fetchone()[0]
-            rows = []
-            for i, e in enumerate(events, base + 1):
+            rows = _checked_rows(run_id, events, base) if checked else []
+            for i, e in enumerate(() if checked else events, base + 1):
                 # strict, so that a writer can find the one event it must not write: what SQLite
                 # would take loosely (a text step, a NaN time as NULL) is refused here
                 try:
@@ -507,8 +510,9 @@ class Registry:
                         raise TypeError(f"data of type {type(data).__name__}")
                     if not -1e308 < t < 1e308:  # NaN and the infinities
                         raise ValueError(f"time {t}")
+                    text = e.get(_TEXT)  # the data's JSON as it came, checked by the recorder
                     rows.append((run_id, i, int(e.get("rank", -1)), str(e["kind"]), t, step,
-                                 _encode(data)))
+                                 text if type(text) is str else _encode(data)))
                 except (TypeError, ValueError, KeyError, AttributeError, RecursionError) as exc:
                     import reprlib
 
@@ -709,6 +713,13 @@ def _upgrade(c: sqlite3.Connection) -> None:
                   "SELECT run_id, rowid, rank, 'metric', t, step, json_object(name, value) "
                   "FROM metrics")
         c.execute("DROP TABLE metrics")
+
+
+def _checked_rows(run_id: str, events: Sequence[dict], base: int) -> list[tuple]:
+    """The rows of events that meet the record's contract: one pass, no per-event checks."""
+    return [(run_id, i, e["rank"], e["kind"], e["t"], e.get("step"),
+             text if type(text := e.get(_TEXT)) is str else _encode(e["data"]))
+            for i, e in enumerate(events, base + 1)]
 
 
 def _fold_last(step: int | None, summary: str | None, metric: list[dict]) -> tuple:

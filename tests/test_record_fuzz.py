@@ -265,3 +265,32 @@ def test_the_record_contract_event_by_event():
         assert ev.problem({**ok, **change}) == why, change
     assert ev.problem([ok]) == "event"
     assert ev.problem({**ok, "kind": ev.LOG, "data": record_fns._nested_dict(7)}) is None
+
+
+def test_data_travels_as_its_own_text_and_is_stored_as_it_came(tmp_path):
+    """On the wire a rank's event carries its data as JSON text; the recorder checks the decoded
+    data and stores that text, so NaN and inf arrive as they left, and a text that is not JSON, or
+    holds more than one value, is refused like any bad data."""
+    e = {"run": "w", "rank": 0, "kind": ev.METRIC, "t": 1.0, "step": 3,
+         "data": {"loss": math.nan, "lr": math.inf}}
+    raw = ev.encode([e])
+    assert b'"data"' not in raw and b'"dj":"{' in raw
+    (got,), why = ev.checked(raw)
+    assert not why and math.isnan(got["data"]["loss"]) and got["data"]["lr"] == math.inf
+    assert got[ev.TEXT] == '{"loss":NaN,"lr":Infinity}'
+    (read,) = ev.decode(raw)  # a subscriber's copy: the data, not the text
+    assert ev.TEXT not in read and read["data"]["lr"] == math.inf
+    bad = [dict(e, data=None, dj=text) for text in ('{"loss":', '{"loss":1}{"x":2}', "[1]", "7")]
+    for b in bad:
+        b.pop("data")
+    good, why = ev.checked(json.dumps(bad).encode())
+    assert good == [] and why == {"data": 4}, why
+    reg, rec = _recorder(tmp_path, "w")
+    try:
+        record_fns.push_raw([ev.encode([dict(e, run="w")])], rec.address, rec.client_key)
+        wait_until(lambda: rec.written >= 1, 20, what="the event to be written")
+    finally:
+        rec.close(end={"status": "succeeded"})
+    stored = sqlite3.connect(tmp_path / "registry.db").execute(
+        "SELECT data FROM events WHERE run_id='w' AND kind='metric'").fetchall()
+    assert stored == [('{"loss":NaN,"lr":Infinity}',)]

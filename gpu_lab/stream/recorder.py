@@ -79,6 +79,7 @@ class Recorder:
         # events made here (a list, encoded at publishing)
         self._frames: list[bytes | list] = []
         self._end: dict | None = None  # the run's final status, written with the last events
+        self._unchecked = False  # pending holds events that `checked` has not seen (record())
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._flushed = threading.Condition(self._lock)
@@ -113,8 +114,11 @@ class Recorder:
 
     # --- input -----------------------------------------------------------------------------------
     def record(self, events: list[dict]) -> None:
-        """Add events made in this process (the supervisor's status changes)."""
+        """Add events made in this process (the supervisor's status changes). They are not
+        checked against the record's contract as a rank's are: the next write converts strictly,
+        so that one the database cannot take is found and dropped."""
         with self._lock:
+            self._unchecked = True
             self._pending.extend(events)
             self._frames.append(list(events))
             self.received += len(events)
@@ -218,6 +222,7 @@ class Recorder:
         with self._lock:
             batch, self._pending = self._pending, []
             frames, self._frames = self._frames, []
+            unchecked, self._unchecked = self._unchecked, False
         extra = [e for e in (self._note(),) if e is not None]
         if end is not None:  # the run's last event; the row ends in the same transaction
             extra.append(ev.make(self.run_id, -1, ev.STATUS, end))
@@ -230,9 +235,9 @@ class Recorder:
             with self._flushed:
                 self._flushed.notify_all()
             return True
-        return self._commit([(batch, frames)], end)
+        return self._commit([(batch, frames)], end, checked=not unchecked)
 
-    def _commit(self, parts: list, end: dict | None) -> bool:
+    def _commit(self, parts: list, end: dict | None, checked: bool = True) -> bool:
         """Write (events, frames) parts in order, the run's end with the last. A part the database
         refuses for its content is halved until its bad events are found and dropped; when the
         database itself fails, this and the following parts wait for the next write, in order."""
@@ -241,7 +246,7 @@ class Recorder:
             batch, frames = parts.popleft()
             last = end if not parts else None
             try:
-                seqs = self.registry.add_events(self.run_id, batch, end=last)
+                seqs = self.registry.add_events(self.run_id, batch, end=last, checked=checked)
             except Exception as exc:  # noqa: BLE001 - sorted out below
                 if _database_trouble(exc):
                     self._retry_later([batch] + [b for b, _ in parts], end, exc)
@@ -269,7 +274,8 @@ class Recorder:
             events = events[:-1]
             with self._lock:
                 self.received -= 1
-        with self._lock:  # retried in order
+        with self._lock:  # retried in order, converted strictly (they may hold record()'s)
+            self._unchecked = True
             self._pending[:0] = events
             self._frames[:0] = [events]
 
