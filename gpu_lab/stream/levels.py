@@ -1,3 +1,4 @@
+# Long: one home for the levels' format: how they are written, folded, packed and read back.
 """Downsampled levels of every metric series, kept in the registry beside the events they sum up.
 
 Contract:
