@@ -124,7 +124,8 @@ class OldKernelReceiver:
         self.ctx.term()
 
 
-def _feeder(address: str, key: str | None, run_id: str, batches: int, start, out) -> None:
+def _feeder(address: str, key: str | None, run_id: str, batches: int, start, out,
+            ready=None) -> None:
     """Push ready-made 2,000-event batches; a full socket makes send() wait (the consumer's pace)."""
     import zmq
 
@@ -141,6 +142,8 @@ def _feeder(address: str, key: str | None, run_id: str, batches: int, start, out
 
         ClientKey.decode(key).apply(sock)
     sock.connect(address)
+    if ready is not None:
+        ready.set()
     start.wait()
     t0 = time.perf_counter()
     for r in raw:
@@ -152,10 +155,15 @@ def _feeder(address: str, key: str | None, run_id: str, batches: int, start, out
 
 def _feed(address: str, key: str | None, run_id: str, events: int) -> tuple[int, float]:
     ctx = mp.get_context("fork")
-    start, out = ctx.Event(), ctx.Queue()
-    p = ctx.Process(target=_feeder, args=(address, key, run_id, events // 2000, start, out))
+    start, out, ready = ctx.Event(), ctx.Queue(), ctx.Event()
+    p = ctx.Process(target=_feeder, args=(address, key, run_id, events // 2000, start, out,
+                                          ready))
     p.start()
-    time.sleep(1.0)  # the feeder has built its batches and connected
+    # the clock starts once the feeder has built its batches and connected (building 400,000
+    # events takes it a second or more: a fixed wait counted some of that against the consumer)
+    if not ready.wait(120):
+        raise RuntimeError("the feeder did not get ready in 120 s")
+    time.sleep(0.2)  # its connection's handshake (CURVE's too) is done
     t0 = time.perf_counter()
     start.set()
     res = out.get(timeout=600)
