@@ -290,6 +290,7 @@ class Registry:
                     c.execute("PRAGMA journal_mode=WAL")
                     c.executescript(_SCHEMA + _levels.SCHEMA)
                     _upgrade(c)
+                    _levels.backfill_all(c)  # older runs' levels: so that no reader writes them
                     c.execute(f"PRAGMA user_version={_VERSION}")
             finally:
                 os.close(fd)

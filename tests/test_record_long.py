@@ -169,8 +169,8 @@ def test_a_registry_from_before_levels_opens_and_keeps_them_from_then_on(tmp_pat
     c.commit()
     c.close()
 
-    reg = Registry(path)  # upgrades: level tables, the notes index, the metrics table moved
-    run = attach("old", registry=reg)  # its levels are built now, from its events, once
+    reg = Registry(path)  # upgrades: level tables, the notes index, the metrics table moved, and
+    run = attach("old", registry=reg)  # the old runs' levels built from their events, once
     steps, values = run.metrics.series("loss", 1)
     assert SPIKE in values and steps[values.index(SPIKE)] == 15_000
     assert len(values) <= ATTACH_POINTS and run.metrics.count("loss", 1) == n // 2

@@ -15,8 +15,8 @@ Contract:
 - `read` answers with at most `points` points per series from the coarsest level that still gives
   >= `points` (each bucket gives its min and max), in time and memory bounded by `points`, not by
   the series' length. Each bucket's minimum and maximum are exact, so a spike never disappears.
-- A run recorded before levels existed has no `level_runs` row: its first `read` builds its
-  levels from its events (one full read, once, in one write transaction). `level_runs.upto` is
+- A run recorded before levels existed gets them when the registry is upgraded (`backfill_all`,
+  once, under the upgrade's lock): readers never write. `level_runs.upto` is
   the newest event folded: events that an older gpu_lab adds to a run later are folded by the
   next add_events or read, so the levels never fall behind the event log unseen.
 """
@@ -94,13 +94,14 @@ class Snapshot:
 # --- writing ------------------------------------------------------------------------------------
 def record(c: sqlite3.Connection, run_id: str, events: Sequence[dict], base: int) -> None:
     """Fold these events (numbered from base + 1) into the run's levels; inside add_events'
-    transaction. A run whose first events were written without levels is left to `read`; events
-    that a gpu_lab without levels added in between are folded first, so the order holds."""
+    transaction. Events that a gpu_lab without levels added before or in between are folded
+    first, so the order holds."""
     row = c.execute("SELECT upto FROM level_runs WHERE run_id=?", (run_id,)).fetchone()
     if row is None:
-        if base:
-            return  # recorded before levels existed: `read` builds them from the events
         c.execute("INSERT INTO level_runs (run_id, upto) VALUES (?, 0)", (run_id,))
+        if base:  # begun by a gpu_lab without levels: its events first, once (this is a writer)
+            delete(c, run_id)
+            _catch_up(c, run_id, 0, base)
     elif row[0] < base:
         _catch_up(c, run_id, row[0], base)
     _fold(c, run_id, events)
@@ -397,21 +398,18 @@ def read(c: sqlite3.Connection, run_id: str, points: int, *, names: Sequence[str
     newest event number they include, in one read transaction."""
     if points < 4:
         raise ValueError(f"series points: got {points!r}; expected an int >= 4")
-    for attempt in (0, 1):
-        c.execute("BEGIN")
-        try:
-            seq = c.execute("SELECT COALESCE(MAX(seq), 0) FROM events WHERE run_id=?",
-                            (run_id,)).fetchone()[0]
-            row = c.execute("SELECT upto FROM level_runs WHERE run_id=?", (run_id,)).fetchone()
-            if (row is not None and row[0] >= seq) or not seq or attempt:
-                return Snapshot(seq, _read_series(c, run_id, points, names, ranks))
-        finally:
-            c.execute("COMMIT")
-        try:
-            backfill(c, run_id)
-        except (sqlite3.OperationalError, PermissionError):  # a registry we may only read
-            return _in_memory(c, run_id, points, names, ranks)
-    raise AssertionError("unreachable")  # pragma: no cover
+    c.execute("BEGIN")
+    try:
+        seq = c.execute("SELECT COALESCE(MAX(seq), 0) FROM events WHERE run_id=?",
+                        (run_id,)).fetchone()[0]
+        row = c.execute("SELECT upto FROM level_runs WHERE run_id=?", (run_id,)).fetchone()
+        if (row is not None and row[0] >= seq) or not seq:
+            return Snapshot(seq, _read_series(c, run_id, points, names, ranks))
+    finally:
+        c.execute("COMMIT")
+    # levels behind the events: a gpu_lab without levels wrote some since (the registry's
+    # upgrade built every older run's, and the next add_events catches up). A read never writes.
+    return _in_memory(c, run_id, points, names, ranks)
 
 
 def _read_series(c: sqlite3.Connection, run_id: str, points: int, names, ranks) -> dict:
@@ -491,6 +489,14 @@ def _in_memory(c: sqlite3.Connection, run_id: str, points: int, names, ranks) ->
     finally:
         c.execute("COMMIT")
     return Snapshot(seq, _read_series(m, run_id, points, names, ranks))
+
+
+def backfill_all(c: sqlite3.Connection) -> None:
+    """Levels for every run recorded before levels existed: part of the registry's upgrade (under
+    its lock, once), so that readers never have to write them."""
+    for (run_id,) in c.execute("SELECT id FROM runs WHERE id NOT IN "
+                               "(SELECT run_id FROM level_runs)").fetchall():
+        backfill(c, run_id)
 
 
 def backfill(c: sqlite3.Connection, run_id: str) -> None:
