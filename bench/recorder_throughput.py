@@ -141,9 +141,16 @@ def _feeder(address: str, key: str | None, run_id: str, batches: int, start, out
         from gpu_lab.stream.channel import ClientKey
 
         ClientKey.decode(key).apply(sock)
+    monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
     sock.connect(address)
-    if ready is not None:
+    if ready is not None:  # connected and, CURVE's included, handshaken
+        from zmq.utils.monitor import recv_monitor_message
+
+        if monitor.poll(30_000):
+            recv_monitor_message(monitor)
+        sock.disable_monitor()
         ready.set()
+    monitor.close()
     start.wait()
     t0 = time.perf_counter()
     for r in raw:
@@ -163,7 +170,6 @@ def _feed(address: str, key: str | None, run_id: str, events: int) -> tuple[int,
     # events takes it a second or more: a fixed wait counted some of that against the consumer)
     if not ready.wait(120):
         raise RuntimeError("the feeder did not get ready in 120 s")
-    time.sleep(0.2)  # its connection's handshake (CURVE's too) is done
     t0 = time.perf_counter()
     start.set()
     res = out.get(timeout=600)

@@ -77,7 +77,7 @@ while time.monotonic() < deadline:
                 handed += 1
             except zmq.Again:
                 would_block += 1
-    time.sleep(0.05)
+    time.sleep(0.05)  # the forgery's pace over its 2 s window, not a wait for anything
 for address in filter(None, (args["push"], args["pub"])):  # not even ZMTP: raw bytes
     host, port = address.rsplit("/", 1)[1].rsplit(":", 1)
     try:
@@ -393,7 +393,7 @@ run = gpu_lab.attach(sys.argv[1])
 r = get_receiver()
 deadline = time.monotonic() + 60
 while r.received - r.read_back < 20 and time.monotonic() < deadline:
-    time.sleep(0.05)
+    time.sleep(0.05)  # polls a condition, with a deadline
 print(json.dumps({"live": r.received - r.read_back, "unkeyed": r.unkeyed, "status": run.status}))
 '''
 
