@@ -42,6 +42,7 @@ from .stream.events import ACTIVE_STATUSES as ACTIVE
 from .stream.events import KINDS, METRIC
 from .stream.events import STATUSES
 from .stream.events import TEXT as _TEXT
+from .stream.events import numbers as _numbers
 from .stream import levels as _levels
 
 _SCHEMA = """
@@ -617,10 +618,9 @@ class Registry:
             rows = self._conn().execute(q, args).fetchall()
             if not rows:
                 return
-            out = [(r[0], r[1], r[2], r[3], k, v) for r in rows
-                   for k, v in json.loads(r[4]).items()
-                   if (name is None or k == name) and isinstance(v, (int, float))
-                   and not isinstance(v, bool)]
+            # ev.numbers: what an older record may hold (data not a dict, a text) is left out
+            out = [(r[0], r[1], r[2] if type(r[2]) is int else None, r[3], k, v) for r in rows
+                   for k, v in _numbers(json.loads(r[4])) if name is None or k == name]
             after = rows[-1][0]
             yield out
 
@@ -650,7 +650,7 @@ class Registry:
         q += " ORDER BY seq"
         out = []
         for r in self._conn().execute(q, args):
-            for k, v in json.loads(r[3]).items():
+            for k, v in _numbers(json.loads(r[3])):
                 if name is None or k == name:
                     out.append({"rank": r[0], "step": r[1], "t": r[2], "name": k, "value": v})
         return out

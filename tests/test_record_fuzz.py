@@ -249,6 +249,9 @@ def test_readers_skip_what_an_older_record_holds(tmp_path):
     assert "gpu_lab_run_last_step{" not in _prometheus(reg)
     fig = gpu_lab.compare(["old"], metric="loss", registry=reg)
     assert sorted(fig.data[0].y) == [1.0] * 5 + [3.0]  # the text step's point placed by time
+    frame = run.metrics.frame()  # full resolution: the list data left out, the text step none
+    assert frame["seq"].tolist() == [1, 2, 3, 4, 5, 6] and frame["step"].isna().tolist()[-1]
+    assert len(reg.metrics("old", "loss")) == 6
 
 
 def test_the_record_contract_event_by_event():
