@@ -35,7 +35,7 @@ PROBE = r"""
 import json, os, sys, time
 import numpy  # loaded in any kernel that trains; both paths use it
 from gpu_lab.launch.run import attach
-from gpu_lab.registry import Registry
+from gpu_lab.record.registry import Registry
 from gpu_lab.server import runview
 from bench.lib import full_read
 from bench.lib.records import SPIKE
@@ -75,7 +75,7 @@ def probe(db: Path, run_id: str, what: str, path: str) -> dict:
 
 def record(tmp: Path, events: int, fit: bool) -> tuple[Path, str, float, float]:
     from bench.lib.records import write_record
-    from gpu_lab.registry import Registry
+    from gpu_lab.record.registry import Registry
 
     db = tmp / f"registry-{events}.db"
     reg = Registry(db)

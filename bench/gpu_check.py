@@ -400,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"--only: unknown step(s) {', '.join(unknown)}; the steps: {', '.join(names)}")
     sys.path.insert(0, str(REPO))
-    from gpu_lab.telemetry_probe import gpu_count  # NVML only, stdlib otherwise
+    from gpu_lab.telemetry.probe import gpu_count
 
     if not args.dry_run and not args.list and gpu_count() == 0:
         # what `make bench` sees on a CPU: it says so and measures nothing

@@ -428,7 +428,7 @@ def step_precision(ctx: Ctx) -> None:
 
 def step_oom(ctx: Ctx) -> None:
     import gpu_lab
-    from gpu_lab.launch import triage
+    from gpu_lab.failures import triage
 
     # a real out-of-memory error in a launched rank, and its triage (before any CUDA call here)
     if ctx.dry:  # tiny_resnet at 64 px under a 256 MiB cap
@@ -723,7 +723,7 @@ def step_launch(ctx: Ctx) -> None:
               out["metrics_seen"])
     # A one-rank run trains inside the supervisor; a stop request that its loop sees before the
     # SIGTERM ends it normally, and the supervisor then records "succeeded", not "stopped"
-    # (gpu_lab.launch.supervisor): recorded here, not failed on; the run must end at a checkpoint.
+    # (gpu_lab.supervise.supervisor): recorded here, not failed on; the run must end at a checkpoint.
     ctx.check("stop ended the run at a checkpoint", out["status"] in ("stopped", "succeeded")
               and out["saved"] and out["k"] < cfg["max_steps"], (out["status"], out["saved"]))
     if out["status"] != "stopped":

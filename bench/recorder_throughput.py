@@ -11,9 +11,9 @@ Two measurements, each alternating the two consumers round by round:
 
 The consumers:
 
-- recorder (CURVE): the run's recorder process (`gpu_lab.stream.recorder.spawn`, what a launched
+- recorder (CURVE): the run's recorder process (`gpu_lab.record.recorder.spawn`, what a launched
   run uses): events numbered and written to the registry's event log in batches, bounded memory;
-  its channel is private (CURVE, the run's key; gpu_lab.stream.channel), so the feeder and the
+  its channel is private (CURVE, the run's key; gpu_lab.record.channel), so the feeder and the
   ranks encrypt and it decrypts every batch;
 - recorder (no CURVE): the same Recorder in a fresh process of the same shape, with
   private=False: what the privacy costs;
@@ -42,9 +42,9 @@ import threading
 import time
 from pathlib import Path
 
-from gpu_lab.registry import Registry
-from gpu_lab.stream import Reporter
-from gpu_lab.stream import events as ev
+from gpu_lab.record.registry import Registry
+from gpu_lab.record import Reporter
+from gpu_lab.record import events as ev
 
 METRICS = ("loss", "lr", "samples_per_s", "step_time", "data_wait", "epoch")
 
@@ -72,7 +72,7 @@ class OldKernelReceiver:
     def __init__(self, db: Path) -> None:
         import zmq
 
-        from gpu_lab.stream.history import MetricHistory
+        from gpu_lab.readers.history import MetricHistory
 
         self.c = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
         self.c.execute("PRAGMA journal_mode=WAL")
@@ -138,7 +138,7 @@ def _feeder(address: str, key: str | None, run_id: str, batches: int, start, out
     sock = ctx.socket(zmq.PUSH)
     sock.setsockopt(zmq.SNDHWM, 4)
     if key is not None:
-        from gpu_lab.stream.channel import ClientKey
+        from gpu_lab.record.channel import ClientKey
 
         ClientKey.decode(key).apply(sock)
     monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
@@ -202,13 +202,13 @@ def _stored_metrics(db: Path, run_id: str) -> int:
     return max(0, n - 1)
 
 
-# The recorder process of `gpu_lab.stream.recorder.serve`, with the channel open (private=False):
+# The recorder process of `gpu_lab.record.recorder.serve`, with the channel open (private=False):
 # the same Recorder, binding, reply and end protocol, without CURVE.
 OPEN_RECORDER = r"""
 import json, sys
-from gpu_lab.registry import Registry
-from gpu_lab.stream import events as ev
-from gpu_lab.stream.recorder import Recorder
+from gpu_lab.record.registry import Registry
+from gpu_lab.record import events as ev
+from gpu_lab.record.recorder import Recorder
 reg = Registry(sys.argv[1])
 rec = Recorder(reg, sys.argv[2], private=False)
 reg.update(sys.argv[2], status="running", events_address=rec.publish_address)
@@ -229,8 +229,8 @@ def _start_recorder(db: Path, run_id: str, log: Path, private: bool) -> tuple:
     """(process, addresses, client key or None): a run's recorder, private or open."""
     import subprocess
 
-    from gpu_lab.stream import recorder
-    from gpu_lab.stream.channel import RunKeys
+    from gpu_lab.record import recorder
+    from gpu_lab.record.channel import RunKeys
 
     if private:
         keys = RunKeys.new()
@@ -247,7 +247,7 @@ def _start_recorder(db: Path, run_id: str, log: Path, private: bool) -> tuple:
 
 
 def round_recorder(tmp: Path, n: int, feed: bool, private: bool = True) -> dict:
-    from gpu_lab.stream import recorder
+    from gpu_lab.record import recorder
 
     db = tmp / "recorder.db"
     run_id = f"bench-{time.time_ns()}"

@@ -22,8 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpu_lab import registry as registry_mod  # noqa: E402
-from gpu_lab.registry import Registry  # noqa: E402
+from gpu_lab.record import registry as registry_mod
+from gpu_lab.record.registry import Registry
 
 METRICS = ("loss", "lr", "samples_per_s", "step_time", "data_wait", "epoch")
 

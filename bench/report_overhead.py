@@ -14,14 +14,14 @@ import time
 
 import torch
 
-from gpu_lab.stream import Reporter
+from gpu_lab.record import Reporter
 
 
 def _drain(address_q, stop_evt):
     import tempfile
 
-    from gpu_lab.registry import Registry
-    from gpu_lab.stream.recorder import Recorder
+    from gpu_lab.record.registry import Registry
+    from gpu_lab.record.recorder import Recorder
 
     reg = Registry(tempfile.mkdtemp(prefix="gpu_lab_bench_") + "/registry.db")
     reg.create_run("bench", status="running")

@@ -142,7 +142,7 @@ STEPS_PER_S = 10
 
 
 def fake_run(home: Path, run_id: str) -> None:
-    from gpu_lab.registry import Registry
+    from gpu_lab.record.registry import Registry
 
     reg = Registry(home / "registry.db")
     run_dir = home / "runs" / run_id

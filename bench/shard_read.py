@@ -26,7 +26,7 @@ from pathlib import Path
 
 from gpu_lab.data import loader as loader_mod
 from gpu_lab.data import make_synthetic_images, shard_loader, write_shards
-from gpu_lab.data.bench import throughput
+from gpu_lab.diagnostics.loaderbench import throughput
 from gpu_lab.data.tario import iter_buffer_members, iter_file_members, shard_members
 
 

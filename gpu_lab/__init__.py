@@ -18,11 +18,11 @@ _API = {
     "preflight": "gpu_lab.launch",
     "PreflightError": "gpu_lab.launch",
     "accelerator": "gpu_lab.launch",
-    "report": "gpu_lab.stream",
-    "Reporter": "gpu_lab.stream",
-    "runs": "gpu_lab.registry",
+    "report": "gpu_lab.record",
+    "Reporter": "gpu_lab.record",
+    "runs": "gpu_lab.record.registry",
     "compare": "gpu_lab.widgets",
-    "Registry": "gpu_lab.registry",
+    "Registry": "gpu_lab.record.registry",
     "fit": "gpu_lab.train",
     "train_classifier": "gpu_lab.train",
     "doctor": "gpu_lab.diagnostics",
@@ -32,7 +32,7 @@ _API = {
     "GPUPanel": "gpu_lab.widgets",
 }
 
-_SUBMODULES = ("config", "registry", "stream", "telemetry", "train", "data", "diagnostics",
+_SUBMODULES = ("config", "record", "readers", "telemetry", "train", "data", "diagnostics",
                "export", "widgets", "models", "tutorial", "cases")
 
 __getattr__, __dir__, __all__ = lazy_api(__name__, _API, submodules=_SUBMODULES,

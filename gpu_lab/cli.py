@@ -96,7 +96,7 @@ def bench_loader_kwargs(args: argparse.Namespace) -> dict:
 def _run_bench_loader(args: argparse.Namespace) -> int:
     import json
 
-    from .data.bench import benchmark
+    from .diagnostics.loaderbench import benchmark
 
     report = benchmark(**bench_loader_kwargs(args))
     print(json.dumps(report.to_dict(), indent=1) if args.json else report.table())
@@ -247,7 +247,7 @@ def _add_registry(subparsers) -> None:
 
 
 def _run_registry_check(args: argparse.Namespace) -> int:
-    from .registry import check
+    from .record.registry import check
 
     ok, lines = check(args.path)
     print("\n".join(lines))

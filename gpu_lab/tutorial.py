@@ -33,7 +33,7 @@ def quick() -> bool:
     flag = _env_flag("GPU_LAB_QUICK")
     if flag is not None:
         return flag
-    from .telemetry_probe import gpu_count
+    from .telemetry.probe import gpu_count
 
     return gpu_count() == 0
 

@@ -16,7 +16,7 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
     from gpu_lab.telemetry import NVMLSampler, Sampler
     from gpu_lab.telemetry import sampler as sampler_mod
     from gpu_lab.telemetry.doubles import FakeNVML
-    from gpu_lab.telemetry_probe import gpu_count
+    from gpu_lab.telemetry.probe import gpu_count
 
     if gpu_count() > 0:
         serverapp.log.info("fake_gpus_ext: real GPUs present, FakeNVML not used")

@@ -94,7 +94,7 @@ def stop_active_runs(gpu_lab_home: Path) -> list[str]:
     """Stop every run still active in this GPU_LAB_HOME (a kernel killed with the server leaves
     its supervisor's process group behind otherwise)."""
     from gpu_lab.launch import stop_run
-    from gpu_lab.registry import ACTIVE, Registry
+    from gpu_lab.record.registry import ACTIVE, Registry
 
     reg = Registry(gpu_lab_home / "registry.db")
     stopped = []

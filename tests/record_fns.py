@@ -6,7 +6,7 @@ import math
 import os
 
 import gpu_lab
-from gpu_lab.stream.events import ENV_ADDRESS, ENV_RUN_ID
+from gpu_lab.record.events import ENV_ADDRESS, ENV_RUN_ID
 
 DEEP = 10_000
 BIG = 10 * 1024 * 1024  # a 10 MB string
@@ -24,7 +24,7 @@ def push_raw(messages: list[bytes], address: str | None = None, key: object = No
     run's key from the rank's environment (a process without it is refused: test_record_private)."""
     import zmq
 
-    from gpu_lab.stream.channel import ENV_KEY, ClientKey
+    from gpu_lab.record.channel import ENV_KEY, ClientKey
 
     ctx = zmq.Context()
     sock = ctx.socket(zmq.PUSH)
@@ -76,8 +76,8 @@ def good_reports(n: int) -> int:
 
 def bad_reports(rank: int) -> None:
     """Every kind of mistake through gpu_lab's own calls (REFUSED_AT_RANK)."""
-    from gpu_lab.stream import events as ev
-    from gpu_lab.stream.reporter import get_reporter
+    from gpu_lab.record import events as ev
+    from gpu_lab.record.reporter import get_reporter
 
     for step in ("5", 2.5, -1, True):
         gpu_lab.report(step, loss=1.0)

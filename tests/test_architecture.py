@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "gpu_lab"
-HEADLESS = ["train", "data", "diagnostics", "export", "launch", "stream", "models", "cases"]
+HEADLESS = ["train", "data", "diagnostics", "export", "launch", "supervise", "rank", "record",
+            "readers", "failures", "models", "cases"]
 VIEW_MODULES = ("ipywidgets", "plotly", "anywidget", "jupyter_server", "jupyterlab", "IPython",
                 "ipykernel", "tornado", "gpu_lab.widgets", "gpu_lab.server")
 
@@ -69,7 +70,7 @@ def test_headless_modules_load_without_view_libraries():
 
 # Where users enter the package: the public API (gpu_lab/__init__.py's _API and _SUBMODULES), the
 # command line, the server extension that JupyterLab loads, and the entry of headless runs.
-ENTRY_POINTS = ("gpu_lab", "gpu_lab.cli", "gpu_lab.server", "gpu_lab.run_entry")
+ENTRY_POINTS = ("gpu_lab", "gpu_lab.cli", "gpu_lab.server", "gpu_lab.rank.headless")
 # The named test doubles for machines without a GPU (DESIGN.md), which tests, the GPU check and
 # tutorial 06 import by name; each one says so in its first line.
 TEST_DOUBLES = ("gpu_lab.launch.testing", "gpu_lab.telemetry.doubles")

@@ -104,7 +104,7 @@ def test_side_panel_tutorial_launch_and_stop(tmp_path, notebooks, browser):
 
 
 def _registry_runs(home: Path) -> list[dict]:
-    from gpu_lab.registry import Registry
+    from gpu_lab.record.registry import Registry
 
     return Registry(home / "registry.db").list_runs()
 
@@ -324,7 +324,7 @@ def test_run_view_live_controls_and_comparison(tmp_path, browser):
 
 
 def _run_view_scenario(page, lab) -> dict:  # noqa: C901 (one story, in order)
-    from gpu_lab.registry import Registry
+    from gpu_lab.record.registry import Registry
 
     page.goto(f"{lab.url}lab?token={lab.token}")
     page.wait_for_selector("#jp-main-dock-panel", state="visible", timeout=120_000)
@@ -503,8 +503,8 @@ process.stdout.write(JSON.stringify({cases, series: [s.steps, s.times, s.values,
 
 def test_decimation_in_the_browser_keeps_the_points_python_keeps(tmp_path):
     """extension/src/decimate.ts (the run view's bounded series) against
-    gpu_lab.stream.history: the same inputs keep the same points, spikes included."""
-    from gpu_lab.stream.history import Series, decimate_minmax
+    gpu_lab.readers.history: the same inputs keep the same points, spikes included."""
+    from gpu_lab.readers.history import Series, decimate_minmax
 
     node = shutil.which("node")
     tsc = ROOT / "extension" / "node_modules" / "typescript" / "bin" / "tsc"

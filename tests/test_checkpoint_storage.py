@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import save_file
 
 from gpu_lab.config import TrainConfig
-from gpu_lab.launch import triage
+from gpu_lab.failures import triage
 from gpu_lab.units import fmt_bytes
 from gpu_lab.models import build
 from gpu_lab.train import fit

@@ -59,7 +59,7 @@ assert run.status == "succeeded", (run.status, str(run.error), run.logs(0, 30))
 assert loss.get(0, 0) > 0 and loss.get(1, 0) > 0, loss
 assert host["cpu_pct"] > 0 and host["ram_pct"] > 0, host
 assert "<b>host</b> · CPU" in gp.table.value and " GiB" in gp.table.value
-from gpu_lab.stream import get_receiver
+from gpu_lab.readers import get_receiver
 print("RESULT " + json.dumps({
     "loss_points": loss, "host_points": host, "status": run.status,
     "status_line_id": panel.dashboard.info.status_line.model_id,

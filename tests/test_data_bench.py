@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from gpu_lab.cli import main
-from gpu_lab.data import bench, benchpasses
-from gpu_lab.data.bench import BenchReport
+from gpu_lab.diagnostics import loaderbench as bench
+from gpu_lab.data import benchpasses
+from gpu_lab.diagnostics.loaderbench import BenchReport
 from gpu_lab.data.pagecache import evict, resident_fraction
 
 

@@ -105,7 +105,7 @@ def test_import_gpu_lab_data_is_cheap_and_headless():
     """`import gpu_lab.data` loads no torch; the whole data package never loads widgets."""
     code = ("import sys, gpu_lab.data; assert 'torch' not in sys.modules, 'torch imported'; "
             "import gpu_lab.data.synthetic, gpu_lab.data.shards, gpu_lab.data.loader, "
-            "gpu_lab.data.bench, gpu_lab.cli; "
+            "gpu_lab.diagnostics.loaderbench, gpu_lab.cli; "
             "bad = [m for m in ('ipywidgets', 'plotly', 'jupyter_server', 'ipykernel') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -17,8 +17,8 @@ import pytest
 import gpu_lab
 from gpu_lab.diagnostics import doctor
 from gpu_lab.diagnostics.doctor import SECTIONS
-from gpu_lab.diagnostics import explain
-from gpu_lab.launch import triage
+from gpu_lab.failures import explain
+from gpu_lab.failures import triage
 from gpu_lab.units import fmt_bytes
 
 import diagnostics_fns as F

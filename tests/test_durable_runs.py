@@ -15,7 +15,7 @@ import pytest
 from jupyter_client.manager import KernelManager
 
 import gpu_lab
-from gpu_lab.registry import Registry
+from gpu_lab.record.registry import Registry
 from gpu_lab.train.resume import ResumeMismatchError
 
 from proc_utils import alive, processes, tree, wait_until
@@ -258,7 +258,7 @@ def test_a_run_is_followed_in_the_registry_it_was_launched_with(tmp_path, monkey
     recorded there, and its handle still follows it (seen: a server test switched homes and its
     run stayed 'pending' while it trained)."""
     import launch_fns
-    from gpu_lab.stream.receiver import get_receiver
+    from gpu_lab.readers.receiver import get_receiver
 
     assert get_receiver().registry.path.parent != tmp_path / "elsewhere"
     monkeypatch.setenv("GPU_LAB_HOME", str(tmp_path / "elsewhere"))

@@ -15,7 +15,7 @@ import yaml
 
 from gpu_lab.config import TrainConfig
 from gpu_lab.export import EntryError, JobSpec, export
-from gpu_lab.registry import Registry
+from gpu_lab.record.registry import Registry
 
 import slurm_utils
 from job_utils import TESTS, job_env
@@ -68,7 +68,7 @@ def test_pytorchjob_yaml_has_master_and_workers_with_gpu_limits(tmp_path):
         cmd = c["command"]
         assert cmd[0] == "torchrun" and "--nnodes=3" in cmd and "--nproc-per-node=8" in cmd
         assert "--node-rank=$(RANK)" in cmd and "--master-addr=$(MASTER_ADDR)" in cmd
-        assert cmd[cmd.index("-m") + 1:] == ["gpu_lab.run_entry", "export_fns:train_tiny",
+        assert cmd[cmd.index("-m") + 1:] == ["gpu_lab.rank.headless", "export_fns:train_tiny",
                                              "--config", "/etc/gpu_lab/config.json"]
         assert {"name": "NCCL_DEBUG", "value": "WARN"} in c["env"]
         mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
@@ -109,7 +109,7 @@ def test_sbatch_script_passes_bash_n_with_signal_requeue_and_resources(tmp_path)
     assert all(" " not in d for d in directives), "sbatch would read trailing words as options"
     assert PREEMPT_EXIT_CODE == GUARD_EXIT_CODE == 143
     assert 'if [ "$rc" -eq 143 ]; then' in text and 'scontrol requeue "$SLURM_JOB_ID"' in text
-    assert "srun python -m gpu_lab.run_entry export_fns:train_tiny --config config.json" in text
+    assert "srun python -m gpu_lab.rank.headless export_fns:train_tiny --config config.json" in text
     assert "export NCCL_IB_DISABLE=1" in text
     assert job.command == "sbatch train.sbatch"
 
@@ -144,7 +144,7 @@ def test_accelerate_config_and_command_are_read_by_accelerate(tmp_path):
     argv = [a.replace("${NODE_RANK}", "1").replace("$MASTER_ADDR", "10.0.0.7") for a in job.argv]
     assert argv[:2] == ["accelerate", "launch"]
     args = launch_command_parser().parse_args(argv[2:])
-    assert args.module and args.training_script == "gpu_lab.run_entry"
+    assert args.module and args.training_script == "gpu_lab.rank.headless"
     assert args.training_script_args == ["export_fns:train_tiny", "--config", "config.json"]
     assert (args.machine_rank, args.main_process_ip) == (1, "10.0.0.7")
 
@@ -160,7 +160,7 @@ def test_multinode_torchrun_command_is_read_by_torchrun():
     assert (args.nnodes, args.nproc_per_node) == ("4", "8")
     assert (args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id) == ("c10d", "10.0.0.7:29401",
                                                                       "big-job")
-    assert args.module and args.training_script == "gpu_lab.run_entry"
+    assert args.module and args.training_script == "gpu_lab.rank.headless"
     assert args.training_script_args == ["export_fns:train_tiny", "--config", "config.json"]
     static = export(TrainConfig(), "export_fns:train_tiny", "torchrun", num_nodes=2,
                     rdzv_backend="static", master_addr="node0.cluster")

@@ -84,7 +84,7 @@ def test_dashboard_panels_and_datasource_variable():
 def state_with_gpus_and_a_run(gpu_lab_home):
     """A server state whose sampler reads FakeNVML (a named double: no GPU here) and whose
     registry holds an active run with fit's training figures."""
-    from gpu_lab.registry import Registry
+    from gpu_lab.record.registry import Registry
     from gpu_lab.server.state import ServerState
     from gpu_lab.telemetry import NVMLSampler, Sampler
     from gpu_lab.telemetry.doubles import FakeNVML

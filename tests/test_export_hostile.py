@@ -192,7 +192,7 @@ def _expected_runs(kw: dict, env: dict) -> dict:
     """target -> [(prog, argv)] that each exported command must make the stand-ins see."""
     cfg = _expand(kw.get("config_path", "config.json"), env)
     addr = kw.get("master_addr", "$MASTER_ADDR")
-    tail = ["-m", "gpu_lab.run_entry", kw.get("entry", ENTRY), "--config", cfg]
+    tail = ["-m", "gpu_lab.rank.headless", kw.get("entry", ENTRY), "--config", cfg]
     name = kw.get("name", "gpu-lab-tiny-cnn")
     accel = ["launch", "--config_file", "accelerate_config.yaml", "--machine_rank", "1"]
     if REF.fullmatch(addr):
@@ -267,7 +267,7 @@ def _meta(name: str, ns: str | None, labels: bool = True) -> dict:
 
 GPUS = {"limits": {"nvidia.com/gpu": 2}, "requests": {"nvidia.com/gpu": 2}}
 CONFIG_MOUNT = {"name": "config", "mountPath": "/etc/gpu_lab", "readOnly": True}
-CMD_TAIL = ["-m", "gpu_lab.run_entry", ENTRY, "--config", "/etc/gpu_lab/config.json"]
+CMD_TAIL = ["-m", "gpu_lab.rank.headless", ENTRY, "--config", "/etc/gpu_lab/config.json"]
 
 
 def _expected_pytorchjob(kw: dict, env: list) -> dict:

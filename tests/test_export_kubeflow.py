@@ -72,7 +72,7 @@ def test_trainjob_validates_against_the_trainer_v2_crds(crds, shape, define_runt
         assert "nvidia.com/gpu" not in limits and limits["cpu"] == 2 * 4
     else:
         assert limits == {"nvidia.com/gpu": kw["nproc_per_node"]}
-    assert trainer["command"] == ["torchrun", "-m", "gpu_lab.run_entry", ENTRY, "--config",
+    assert trainer["command"] == ["torchrun", "-m", "gpu_lab.rank.headless", ENTRY, "--config",
                                   "/etc/gpu_lab/config.json"]
     if "env" in kw:
         assert {"name": "NCCL_DEBUG", "value": "WARN"} in trainer["env"]
@@ -217,7 +217,7 @@ def test_torchrun_reads_the_trainjob_command_with_trainers_pet_variables(monkeyp
     args = parse_args(cmd[1:])
     assert (args.nnodes, args.nproc_per_node, args.node_rank) == ("4", "8", 3)
     assert (args.master_addr, args.master_port) == ("job-node-0-0.job", 29400)
-    assert args.module and args.training_script == "gpu_lab.run_entry"
+    assert args.module and args.training_script == "gpu_lab.rank.headless"
     assert args.training_script_args == [ENTRY, "--config", "/etc/gpu_lab/config.json"]
 
 

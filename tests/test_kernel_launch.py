@@ -16,7 +16,7 @@ sys.path.insert(0, {str(TESTS)!r})
 import gpu_lab, launch_fns
 from proc_utils import tree, alive, wait_until
 from gpu_lab.launch.checks import port_in_use
-from gpu_lab.registry import Registry
+from gpu_lab.record.registry import Registry
 """,
     # the launch returns at once: the run is still going when the cell ends
     """

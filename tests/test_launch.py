@@ -15,7 +15,7 @@ import gpu_lab
 from gpu_lab.launch import PreflightError, free_port
 from gpu_lab.launch.checks import port_in_use
 from gpu_lab.launch.testing import fake_cuda_state
-from gpu_lab.registry import Registry
+from gpu_lab.record.registry import Registry
 
 import launch_fns
 from proc_utils import alive, tree, wait_until

@@ -13,7 +13,7 @@ import pytest
 import gpu_lab
 from gpu_lab.export import export
 from gpu_lab.launch import free_port
-from gpu_lab.registry import Registry
+from gpu_lab.record.registry import Registry
 
 import export_fns
 from job_utils import job_env

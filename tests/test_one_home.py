@@ -39,21 +39,21 @@ def _defined(name: str) -> list[str]:
 
 def test_each_shared_fact_is_defined_once():
     # the run states
-    assert _defined("ACTIVE_STATUSES") == _defined("FINAL_STATUSES") == ["gpu_lab/stream/events.py"]
-    assert _where(r'"succeeded", "failed", "stopped", "lost"') == ["gpu_lab/stream/events.py"]
+    assert _defined("ACTIVE_STATUSES") == _defined("FINAL_STATUSES") == ["gpu_lab/record/events.py"]
+    assert _where(r'"succeeded", "failed", "stopped", "lost"') == ["gpu_lab/record/events.py"]
     # NVML: opened and closed in one place (the FakeNVML double defines the interface it mimics)
     assert _where(r"\.nvmlInit\(|\.nvmlShutdown\(", exclude=("gpu_lab/telemetry/doubles.py",)) \
-        == ["gpu_lab/telemetry_probe.py"]
-    assert _defined("nvml_session") == ["gpu_lab/telemetry_probe.py"]
+        == ["gpu_lab/telemetry/probe.py"]
+    assert _defined("nvml_session") == ["gpu_lab/telemetry/probe.py"]
     # byte units
     assert _defined("fmt_bytes") == _defined("parse_size") == ["gpu_lab/units.py"]
     assert _where(r"^\s*(KiB|MiB|GiB|TiB)\s*=", exclude=("gpu_lab/units.py",)) == []
     # decimation: the bucket min/max rule
-    assert _defined("minmax_indices") == ["gpu_lab/stream/history.py"]
-    assert _where(r"take_along_axis|min\(seg, key=") == ["gpu_lab/stream/history.py"]
+    assert _defined("minmax_indices") == ["gpu_lab/readers/history.py"]
+    assert _where(r"take_along_axis|min\(seg, key=") == ["gpu_lab/readers/history.py"]
     # out-of-memory advice: one builder, used by the run's triage and the fit loop
-    assert _defined("oom_suggestions") == ["gpu_lab/diagnostics/explain.py"]
-    assert _where(r"activation_checkpointing=True: keep only") == ["gpu_lab/diagnostics/explain.py"]
+    assert _defined("oom_suggestions") == ["gpu_lab/failures/explain.py"]
+    assert _where(r"activation_checkpointing=True: keep only") == ["gpu_lab/failures/explain.py"]
     # the lazy public APIs
     assert _defined("lazy_api") == ["gpu_lab/_lazy.py"]
     assert _where(r"^def __getattr__", exclude=("gpu_lab/_lazy.py",)) == []

@@ -25,7 +25,7 @@ import pytest
 import gpu_lab
 import prometheus_fns
 import prometheus_utils
-from gpu_lab.telemetry_probe import gpu_count
+from gpu_lab.telemetry.probe import gpu_count
 from lab_utils import Lab, jupyter_lab
 from proc_utils import alive, tree, wait_until
 

@@ -11,10 +11,10 @@ import types
 import pytest
 
 import gpu_lab
-from gpu_lab.registry import Registry
-from gpu_lab.stream import Reporter
-from gpu_lab.stream import events as ev
-from gpu_lab.stream.recorder import Recorder
+from gpu_lab.record.registry import Registry
+from gpu_lab.record import Reporter
+from gpu_lab.record import events as ev
+from gpu_lab.record.recorder import Recorder
 
 import record_fns
 from proc_utils import wait_until

@@ -1,5 +1,5 @@
 """Opening a long run reads what it shows: attach, the run view and compare read the registry's
-downsampled levels (gpu_lab.stream.levels); a spike survives, the min/max envelope is exact,
+downsampled levels (gpu_lab.record.levels); a spike survives, the min/max envelope is exact,
 the live events continue the bounded history without a gap or a duplicate, and full resolution
 (frame(), to_csv()) and older registries still work."""
 from __future__ import annotations
@@ -18,10 +18,10 @@ from proc_utils import wait_until
 from test_registry_faults import read_only_view  # noqa: F401 - the fixture, as that file makes it
 from bench.lib.records import SPIKE, loss_at, write_record
 from gpu_lab.launch.run import attach
-from gpu_lab.registry import Registry
+from gpu_lab.record.registry import Registry
 from gpu_lab.server import runview
-from gpu_lab.stream import levels
-from gpu_lab.stream.runmetrics import ATTACH_POINTS
+from gpu_lab.record import levels
+from gpu_lab.readers.runmetrics import ATTACH_POINTS
 
 EVENTS = 200_000
 STEPS = EVENTS // 2

@@ -24,8 +24,8 @@ import pytest
 
 import gpu_lab
 from gpu_lab.config import TrainConfig
-from gpu_lab.registry import Registry
-from gpu_lab.stream.events import FINAL_STATUSES
+from gpu_lab.record.registry import Registry
+from gpu_lab.record.events import FINAL_STATUSES
 
 from proc_utils import wait_until
 
@@ -110,7 +110,7 @@ print(json.dumps({"received": received, "handed": handed, "would_block": would_b
 def report_until(go: str, out: str, cfg: TrainConfig | None = None) -> int:
     """A rank: report (and log) until the file `go` exists, then EXTRA more; writes its channel
     address and its number of reports into `out`. Rank 0 saves a checkpoint first."""
-    from gpu_lab.stream.reporter import get_reporter
+    from gpu_lab.record.reporter import get_reporter
 
     rank = int(os.environ.get("RANK", 0))
     if cfg is not None and rank == 0:
@@ -135,7 +135,7 @@ def report_until(go: str, out: str, cfg: TrainConfig | None = None) -> int:
 
 
 def headless_target() -> int:
-    """report_until for `python -m gpu_lab.run_entry`, which calls its function without
+    """report_until for `python -m gpu_lab.rank.headless`, which calls its function without
     arguments: the files come from the environment."""
     return report_until(os.environ["TEST_GO"], os.environ["TEST_OUT"])
 
@@ -206,7 +206,7 @@ def test_a_forger_without_the_key_neither_writes_nor_reads_a_run(tmp_path):
         run.wait(60)
     steps = {r: int((out / f"steps{r}").read_text()) for r in (0, 1)}
     _assert_record(reg, run.id, steps)
-    from gpu_lab.stream.receiver import get_receiver
+    from gpu_lab.readers.receiver import get_receiver
 
     assert get_receiver().unkeyed == 0  # the owner followed live, with the run's key
     log = (Path(row["run_dir"]) / "logs" / "supervisor.log").read_text()
@@ -224,7 +224,7 @@ def test_a_headless_rank_records_through_a_key_of_its_own(tmp_path):
            "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
     for k in ("GPU_LAB_EVENTS", "GPU_LAB_EVENTS_KEY", "RANK", "LOCAL_RANK", "WORLD_SIZE"):
         env.pop(k, None)
-    rank = subprocess.Popen([sys.executable, "-m", "gpu_lab.run_entry",
+    rank = subprocess.Popen([sys.executable, "-m", "gpu_lab.rank.headless",
                              "test_record_private:headless_target", "--run-id", "headless-1"],
                             env=env, cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
@@ -387,7 +387,7 @@ print(run.wait(300), flush=True)
 ATTACH = r'''
 import json, sys, time
 import gpu_lab
-from gpu_lab.stream.receiver import get_receiver
+from gpu_lab.readers.receiver import get_receiver
 
 run = gpu_lab.attach(sys.argv[1])
 r = get_receiver()
@@ -470,10 +470,10 @@ def test_another_user_can_neither_use_the_channel_nor_read_the_run(users):
 
 
 def test_another_user_cannot_read_the_registry(users):
-    """The registry file's modes are the registry's own (gpu_lab.registry)."""
+    """The registry file's modes are the registry's own (gpu_lab.record.registry)."""
     owner, other = users
     home = owner.home / "registry_only"
-    made = owner.run([sys.executable, "-c", "from gpu_lab.registry import Registry; "
+    made = owner.run([sys.executable, "-c", "from gpu_lab.record.registry import Registry; "
                       "Registry().create_run('r1', status='running')"], owner.env(home))
     assert made.returncode == 0, made.stderr
     probe = other.run([sys.executable, "-c", PROBE, str(home / "registry.db")], other.env(home))

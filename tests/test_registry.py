@@ -5,7 +5,7 @@ from __future__ import annotations
 import multiprocessing as mp
 from pathlib import Path
 
-from gpu_lab.registry import Registry
+from gpu_lab.record.registry import Registry
 
 
 def _open_and_write(path: str, start, i: int) -> None:

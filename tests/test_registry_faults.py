@@ -18,9 +18,8 @@ import pytest
 from pytest_jupyter.jupyter_server import *  # noqa: F401,F403  (fixtures for this module only)
 from test_server import jp_server_config, run_loop, sampler  # noqa: F401  (the server's fixtures)
 
-from gpu_lab import registry as registry_mod
-from gpu_lab.registry import (Registry, RegistryCorruptError, RegistryReadOnlyError,
-                              RegistryWarning)
+from gpu_lab.record import registry as registry_mod
+from gpu_lab.record.registry import Registry, RegistryCorruptError, RegistryReadOnlyError, RegistryWarning
 
 ROOT = Path(__file__).resolve().parents[1]
 DEAD_PID = 2**22 - 3  # no such process
@@ -53,7 +52,7 @@ def _stored_status(path: Path, run_id: str) -> str:
 
 READ_ONLY_PROBE = """
 import json, warnings
-from gpu_lab.registry import Registry, RegistryReadOnlyError
+from gpu_lab.record.registry import Registry, RegistryReadOnlyError
 with warnings.catch_warnings(record=True) as w:
     warnings.simplefilter("always")
     reg = Registry({path!r})
@@ -235,7 +234,7 @@ def test_the_server_reads_a_read_only_registry_and_refuses_its_writes(
 
 WRITER = """
 import select, sys
-from gpu_lab.registry import Registry
+from gpu_lab.record.registry import Registry
 reg = Registry(sys.argv[1])
 c = reg._conn()
 c.execute("BEGIN IMMEDIATE")
@@ -329,7 +328,7 @@ def test_the_writer_keeps_the_wal_bounded_under_a_holding_reader(tmp_path, monke
 MODES = """
 import json, os, stat
 os.umask(0)
-from gpu_lab.registry import Registry, home
+from gpu_lab.record.registry import Registry, home
 reg = Registry()
 reg.create_run("r")
 reg.add_metrics([("r", 0, 1, 1.0, "loss", 1.0)])
@@ -375,7 +374,7 @@ def test_a_share_group_makes_a_group_registry_and_a_bad_one_is_named(tmp_path):
     assert got[""] == [0o2770, group.gr_gid]
     for name in ("registry.db", "registry.db-wal", "registry.db-shm", "registry.db.lock"):
         assert got[name] == [0o660, group.gr_gid], name
-    bad = _py("from gpu_lab.registry import Registry; Registry()",
+    bad = _py("from gpu_lab.record.registry import Registry; Registry()",
               env=_env(GPU_LAB_HOME=str(tmp_path / "x"), GPU_LAB_SHARE_GROUP="no-such-group-q"))
     assert bad.returncode == 1
     last = bad.stderr.strip().splitlines()[-1]
@@ -407,7 +406,7 @@ def test_opening_an_up_to_date_registry_takes_no_lock(tmp_path):
     _registry_with_runs(tmp_path)._conn().close()
     with open(tmp_path / "registry.db.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        out = _py(f"from gpu_lab.registry import Registry; "
+        out = _py(f"from gpu_lab.record.registry import Registry; "
                   f"print(Registry({str(tmp_path / 'registry.db')!r}).get_run('ghost')['status'])",
                   timeout=60)
         assert out.returncode == 0 and out.stdout.strip() == "lost", out.stderr

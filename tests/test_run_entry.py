@@ -1,4 +1,4 @@
-"""`python -m gpu_lab.run_entry`: headless runs record themselves in the registry; bad input is
+"""`python -m gpu_lab.rank.headless`: headless runs record themselves in the registry; bad input is
 refused before anything starts; failures, stops and Slurm preemption (requeue + resume) end up
 as the right status.
 
@@ -21,8 +21,8 @@ import pytest
 
 from gpu_lab.config import TrainConfig
 from gpu_lab.export import export
-from gpu_lab.registry import Registry
-from gpu_lab.run_entry import Topology, derive_run_id, detect_topology
+from gpu_lab.record.registry import Registry
+from gpu_lab.rank.headless import Topology, derive_run_id, detect_topology
 
 from proc_utils import wait_until
 from job_utils import TESTS, job_env
@@ -33,7 +33,7 @@ DOUBLES = TESTS / "slurm_doubles"
 def run_entry(tmp_path: Path, *args: str, timeout: float = 120, **env_extra):
     env = job_env(tmp_path / "home")
     env.update(env_extra)
-    return subprocess.run([sys.executable, "-m", "gpu_lab.run_entry", *args], cwd=tmp_path,
+    return subprocess.run([sys.executable, "-m", "gpu_lab.rank.headless", *args], cwd=tmp_path,
                           env=env, capture_output=True, text=True, timeout=timeout,
                           start_new_session=True)
 
@@ -135,7 +135,7 @@ def test_torchrun_rank_failure_fails_the_run_and_names_the_rank(tmp_path):
     ([(0, "stopped", "rank 0: preempted"), (0, "succeeded", None)], "stopped", "rank 0: preempted"),
 ])
 def test_rank_outcomes_combine_into_one_status(tmp_path, outcomes, status, error):
-    from gpu_lab.run_entry import _close_row
+    from gpu_lab.rank.headless import _close_row
 
     reg = Registry(tmp_path / "r.db")
     reg.create_run("r", status="running")

@@ -24,11 +24,11 @@ import tornado.httpclient
 from prometheus_client.parser import text_string_to_metric_families
 from pytest_jupyter.jupyter_server import *  # noqa: F401,F403  (fixtures for this module only)
 
-from gpu_lab.registry import Registry
+from gpu_lab.record.registry import Registry
 from gpu_lab.telemetry import NVMLSampler, Sampler
 from gpu_lab.telemetry import sampler as sampler_mod
 from gpu_lab.telemetry.doubles import FakeNVML
-from gpu_lab.telemetry_probe import gpu_count
+from gpu_lab.telemetry.probe import gpu_count
 
 ENDPOINTS_GET = [
     ("gpu-lab", "api", "info"),
@@ -341,7 +341,7 @@ def test_run_log_tail_and_offsets(jp_fetch, run_loop, sampler, live_run):
 
 def test_run_detail_carries_the_triage_of_a_failed_run(jp_fetch, run_loop, sampler,
                                                        gpu_lab_home):
-    from gpu_lab.launch import triage
+    from gpu_lab.failures import triage
 
     reg = Registry()
     rid = f"failed-{uuid.uuid4().hex[:6]}"

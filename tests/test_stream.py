@@ -5,10 +5,11 @@ import time
 
 import zmq
 
-from gpu_lab.registry import Registry
-from gpu_lab.stream import MetricHistory, Reporter, Series
-from gpu_lab.stream.receiver import Receiver
-from gpu_lab.stream.recorder import Recorder
+from gpu_lab.record.registry import Registry
+from gpu_lab.readers import MetricHistory, Series
+from gpu_lab.record import Reporter
+from gpu_lab.readers.receiver import Receiver
+from gpu_lab.record.recorder import Recorder
 
 from proc_utils import wait_until
 

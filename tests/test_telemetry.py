@@ -13,7 +13,7 @@ from gpu_lab.telemetry import (GPU_FIELDS, HOST_FIELDS, HostSampler, NVMLSampler
                                get_sampler, resolve_visible)
 from gpu_lab.telemetry import sampler as sampler_mod
 from gpu_lab.telemetry.doubles import FakeGPU, FakeNVML
-from gpu_lab.telemetry_probe import gpu_count
+from gpu_lab.telemetry.probe import gpu_count
 
 UUIDS = ["GPU-aaaa1111-0000", "GPU-bbbb2222-0000", "GPU-cccc3333-0000", "GPU-dddd4444-0000"]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_lab.telemetry_probe import gpu_count
+from gpu_lab.telemetry.probe import gpu_count
 
 pytestmark = pytest.mark.skipif(gpu_count() == 0, reason="needs a CUDA GPU (NVML sees none)")
 

@@ -49,8 +49,8 @@ def event_socket(monkeypatch):
     """A real zmq PULL socket posing as the kernel's receiver; the worker-side reporter sends to it."""
     import zmq
 
-    from gpu_lab.stream import events as ev
-    from gpu_lab.stream import reporter as rep
+    from gpu_lab.record import events as ev
+    from gpu_lab.record import reporter as rep
 
     ctx = zmq.Context()
     sock = ctx.socket(zmq.PULL)
@@ -70,7 +70,7 @@ def _drain(sock, until: set, last_step: int, log: str, timeout: float = 20.0) ->
     arrived (or the deadline passed)."""
     import zmq
 
-    from gpu_lab.stream import events as ev
+    from gpu_lab.record import events as ev
 
     events, seen, last, logged = [], set(), False, False
     deadline = time.monotonic() + timeout
@@ -209,7 +209,7 @@ def test_sigusr1_checkpoints_and_exits_143(tmp_path):
 
 
 def test_kernel_checkpoint_and_stop_requests(tmp_path, monkeypatch):
-    from gpu_lab.stream import events as ev
+    from gpu_lab.record import events as ev
 
     run_dir = tmp_path / "run"
     control = run_dir / "control"
@@ -316,7 +316,7 @@ def test_resume_after_stop_matches_an_uninterrupted_run(tmp_path, monkeypatch):
     """One process: stop at step 5 (a kernel request; the end of an epoch whose last step is short),
     resume, compare with a straight run. Data order, optimizer, schedule and dropout RNG must all
     continue exactly."""
-    from gpu_lab.stream import events as ev
+    from gpu_lab.record import events as ev
 
     def with_dropout(c):
         m = model_for(c)

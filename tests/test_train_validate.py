@@ -54,7 +54,7 @@ def test_valid_configs_pass_and_come_back_as_trainconfig():
 
 def test_fp16_on_this_host_is_refused_through_nvml():
     """Without gpu_count=…, validate asks NVML (never torch.cuda) how many GPUs there are."""
-    from gpu_lab.telemetry_probe import gpu_count
+    from gpu_lab.telemetry.probe import gpu_count
 
     if gpu_count() == 0:
         with pytest.raises(ConfigError, match="no GPU"):
@@ -76,10 +76,10 @@ def test_validation_imports_neither_torch_nor_cuda():
 def test_fit_refuses_before_building_anything(tmp_path, monkeypatch):
     import torch
 
-    import gpu_lab.telemetry_probe
+    import gpu_lab.telemetry.probe
     from gpu_lab.train import fit
 
-    monkeypatch.setattr(gpu_lab.telemetry_probe, "gpu_count", lambda: 0)  # a CPU-only host
+    monkeypatch.setattr(gpu_lab.telemetry.probe, "gpu_count", lambda: 0)  # a CPU-only host
     out = tmp_path / "never"
     data = torch.utils.data.TensorDataset(torch.randn(4, 3, 8, 8), torch.zeros(4, dtype=torch.long))
     with pytest.raises(ConfigError, match="mixed_precision"):

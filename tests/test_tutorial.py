@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from IPython.utils.capture import capture_output
 
-from gpu_lab.registry import Registry
+from gpu_lab.record.registry import Registry
 from gpu_lab.tutorial import check_output
 
 from proc_utils import alive, processes, wait_until

@@ -9,8 +9,8 @@ import time
 import pytest
 
 from gpu_lab.config import TrainConfig
-from gpu_lab.registry import Registry
-from gpu_lab.stream.history import MetricHistory, decimate_minmax
+from gpu_lab.record.registry import Registry
+from gpu_lab.readers.history import MetricHistory, decimate_minmax
 from gpu_lab.telemetry import NVMLSampler, Sampler
 from gpu_lab.telemetry.doubles import FakeGPU, FakeNVML
 from gpu_lab.widgets import Dashboard, GPUPanel, LaunchPanel, LivePlot, Throttle
@@ -263,7 +263,7 @@ def test_liveplot_traces_toggles_and_panels():
 
 
 def test_liveplot_follows_a_run_then_detaches():
-    from gpu_lab.stream.receiver import get_receiver
+    from gpu_lab.readers.receiver import get_receiver
 
     run = RunDouble()
     p = LivePlot(run)
@@ -493,7 +493,7 @@ def test_dashboard_of_a_live_run_stops_telemetry_at_the_end():
 def test_error_box_shows_each_failed_rank_and_the_triage():
     import html
 
-    from gpu_lab.launch.triage import RunError, from_exception
+    from gpu_lab.failures.triage import RunError, from_exception
     from gpu_lab.widgets import RunInfo
 
     try:

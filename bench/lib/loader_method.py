@@ -1,5 +1,5 @@
 """The loader benchmark's method (bench/loader.py): gpu_lab's own loader benchmark
-(`gpu_lab.data.bench.LoaderBench`), plus what makes its loader / limit ratio hold on a shared
+(`gpu_lab.diagnostics.loaderbench.LoaderBench`), plus what makes its loader / limit ratio hold on a shared
 virtual machine, whose speed drifts between seconds:
 
 - a chain of back-to-back passes limit, loader, limit, loader, ..., limit, each loader pass against
@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from gpu_lab.data.bench import BenchReport, LoaderBench
+from gpu_lab.diagnostics.loaderbench import BenchReport, LoaderBench
 from gpu_lab.data.benchpasses import Pass, throughput
 
 from . import samecore

@@ -1,5 +1,5 @@
 /**
- * Bounded series for live charts: a port of gpu_lab.stream.history (decimate_minmax and Series),
+ * Bounded series for live charts: a port of gpu_lab.readers.history (decimate_minmax and Series),
  * so that a million-step run costs the browser what a thousand-step run does, and a loss spike
  * stays visible however far the series was thinned. tests/test_browser.py checks that both
  * languages keep the same points.
@@ -57,7 +57,7 @@ export function decimateMinMax(
 
 /**
  * One series of (step, time, value) points, bounded to `capacity`: when it outgrows it, it is
- * decimated to half (minima and maxima kept), as gpu_lab.stream.history.Series does.
+ * decimated to half (minima and maxima kept), as gpu_lab.readers.history.Series does.
  */
 export class BoundedSeries {
   constructor(capacity = 2000) {

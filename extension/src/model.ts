@@ -78,7 +78,7 @@ export interface ISeriesPoints {
   value: Array<number | null>;
 }
 
-/** One event of a run's record (gpu_lab.stream.events), numbered by `seq`. */
+/** One event of a run's record (gpu_lab.record.events), numbered by `seq`. */
 export interface IRunEvent {
   seq: number;
   rank: number;

@@ -12,7 +12,7 @@ bf16`, then FID and CLIP score. Every piece of that runs here, small and with no
   objective, EMA weights, and DDIM sampling with classifier-free guidance;
 - `train_diffusion(config)`: the training function. It runs `gpu_lab.train.fit` (bf16, gradient
   accumulation, warmup + cosine, atomic checkpoints) under `gpu_lab.launch` and, unchanged, under
-  `torchrun -m gpu_lab.run_entry gpu_lab.cases.diffusion:train_diffusion`;
+  `torchrun -m gpu_lab.rank.headless gpu_lab.cases.diffusion:train_diffusion`;
 - `fid_and_clip`: FID and CLIP score with torchmetrics where the Inception and CLIP weights exist
   locally; `fid_clip_status` says what is missing instead of inventing a number.
 """

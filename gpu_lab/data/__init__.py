@@ -32,8 +32,8 @@ _API = {
     "LoaderStats": "gpu_lab.data.loader",
     "build_transform": "gpu_lab.data.transforms",
     "normalize_batch": "gpu_lab.data.transforms",
-    "benchmark": "gpu_lab.data.bench",
-    "BenchReport": "gpu_lab.data.bench",
+    "benchmark": "gpu_lab.diagnostics.loaderbench",
+    "BenchReport": "gpu_lab.diagnostics.loaderbench",
 }
 
 __getattr__, __dir__, __all__ = lazy_api(__name__, _API)

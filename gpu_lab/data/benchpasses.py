@@ -1,4 +1,4 @@
-"""One pass of each thing the loader benchmark compares (`gpu_lab.data.bench`): the per-file
+"""One pass of each thing the loader benchmark compares (`gpu_lab.diagnostics.loaderbench`): the per-file
 loaders, the pipeline limit on one core and in parallel, the naive path on one core, and the
 data-wait fraction of a small training loop. Each pass gives img/s and images per CPU-second."""
 from __future__ import annotations

@@ -39,7 +39,7 @@ _STANDALONE = frozenset([0x01, *range(0xD0, 0xD9)])
 def gpu_present() -> bool:
     """Whether this process trains on GPUs, decided without touching CUDA (the launcher's device
     kind, else NVML's count): torch.cuda here could initialise CUDA in a notebook kernel."""
-    from ..launch.worker import device_kind
+    from ..rank.accelerator import device_kind
 
     return device_kind() == "cuda"
 

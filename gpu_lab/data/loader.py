@@ -506,7 +506,7 @@ def _default_pin_memory() -> bool:
     # Pinned (page-locked) host memory lets the copy to the GPU run asynchronously; it is useless
     # without a GPU. Decided through NVML / the launcher's env: torch.cuda.is_available() here could
     # initialise CUDA in a notebook kernel and break every later fork.
-    from ..launch.worker import device_kind
+    from ..rank.accelerator import device_kind
 
     return device_kind() == "cuda"
 

@@ -42,10 +42,10 @@ _API = {
     "StepTimer": "gpu_lab.diagnostics.timing",
     "memory_cap": "gpu_lab.diagnostics.memcap",
     "gpu_benchmark": "gpu_lab.diagnostics.gpubench",
-    "oom_report": "gpu_lab.diagnostics.explain",
-    "comm_report": "gpu_lab.diagnostics.explain",
-    "data_report": "gpu_lab.diagnostics.explain",
-    "note": "gpu_lab.diagnostics.explain",
+    "oom_report": "gpu_lab.failures.explain",
+    "comm_report": "gpu_lab.failures.explain",
+    "data_report": "gpu_lab.failures.explain",
+    "note": "gpu_lab.failures.explain",
 }
 
 __getattr__, __dir__, __all__ = lazy_api(__name__, _API)

@@ -309,7 +309,7 @@ def _measure_worker(model: str, image_size: int, batch_size: int, precision: str
 
     import torch
 
-    from ..launch.worker import device_kind
+    from ..rank.accelerator import device_kind
     from ..models import build
 
     torch.manual_seed(0)

@@ -128,7 +128,7 @@ def _bench_rank(sizes: list[int], iters: int, warmup: int, dtype_name: str,
     import torch
     import torch.distributed as dist
 
-    from ..launch.worker import accelerator
+    from ..rank.accelerator import accelerator
 
     acc = accelerator()
     if not dist.is_initialized():

@@ -189,7 +189,7 @@ def _series_from(source: Any, rank: int | None) -> dict[str, list[float]]:
         return {k: [float(v) for v in source.get(k, [])] for k in names}
     hist = getattr(source, "metrics", source)
     if isinstance(source, str):  # a run id: read the registry
-        from ..registry import Registry
+        from ..record.registry import Registry
 
         rows = Registry().metrics(source)
         out: dict[str, list[float]] = {k: [] for k in names}

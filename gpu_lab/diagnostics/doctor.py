@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..telemetry_probe import nvml_session
+from ..telemetry.probe import nvml_session
 from ..units import GiB, fmt_bytes
 
 SECTIONS = ("system", "gpus", "topology", "host", "env", "fork_safety", "warnings")
@@ -371,7 +371,7 @@ def host_info(paths: list[str | os.PathLike] | None = None) -> dict:
 
     vm = psutil.virtual_memory()
     disks = []
-    from ..registry import home
+    from ..record.registry import home
 
     for p in [Path.cwd(), home(), *(paths or []), "/dev/shm"]:
         p = Path(p)

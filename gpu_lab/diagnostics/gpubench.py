@@ -82,7 +82,7 @@ class GPUBenchResult:
 
 
 def _gpu_name() -> str | None:
-    from ..telemetry_probe import nvml_session
+    from ..telemetry.probe import nvml_session
 
     with nvml_session() as (nv, _):
         try:
@@ -204,7 +204,7 @@ def gpu_benchmark(model: str | None = None, batch_size: int | None = None,
     32, fp32 and bf16, compile off. Run it in a script or a launched process: it initialises CUDA
     in the calling process (gpu-lab bench gpu, bench/gpu_train.py).
     """
-    from ..telemetry_probe import gpu_count
+    from ..telemetry.probe import gpu_count
 
     if cpu is None:
         cpu = gpu_count() == 0

@@ -69,12 +69,12 @@ def memory_cap(limit_bytes: int) -> Iterator[dict]:
 
     Yields a dict with `limit_bytes` and `base_bytes` (the address space in use at the start).
     On an error inside the block, the triage learns the cap, how much of it was in use just before
-    the failing operation, and that operation (see gpu_lab.diagnostics.explain.note), so its report can
+    the failing operation, and that operation (see gpu_lab.failures.explain.note), so its report can
     say "x free of <cap>".
     """
     import resource
 
-    from . import explain
+    from ..failures import explain
 
     if isinstance(limit_bytes, bool) or not isinstance(limit_bytes, int) or limit_bytes <= 0:
         raise ValueError(f"memory_cap: limit_bytes must be an int > 0; got {limit_bytes!r}")

@@ -102,7 +102,7 @@ class StepTimer:
         self._acc_steps = self._acc_samples = 0
         self.last = metrics
         if report:
-            from ..stream import report as _report
+            from ..record import report as _report
 
             _report(step, **metrics)
         return metrics

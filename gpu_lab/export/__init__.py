@@ -12,7 +12,7 @@ config YAML), slurm (sbatch script: srun, SIGUSR1 before the time limit, requeue
 kubernetes (Kubeflow training-operator v1 PyTorchJob + ConfigMap), trainjob (Kubeflow Trainer v2
 TrainJob + ConfigMap, optionally a ClusterTrainingRuntime). `gpu_lab.export.grafana` writes a
 Grafana dashboard for the server's Prometheus metrics. Every rank of every target runs
-`python -m gpu_lab.run_entry`, which records the run in the registry. Nothing here imports torch,
+`python -m gpu_lab.rank.headless`, which records the run in the registry. Nothing here imports torch,
 widgets or jupyter.
 
 Exported files hold exactly what was asked (contracts in .checks and .quoting): every field is

@@ -69,7 +69,7 @@ def accelerate_launch(spec: JobSpec) -> Export:
         "`accelerate launch` reads the machine layout from `accelerate_config.yaml` (the file "
         "`accelerate config` would write after its questions) and starts torchrun's agent with it. "
         f"accelerate counts `num_processes` over all machines: {spec.world_size} = {n} x "
-        f"{spec.nproc_per_node}. `-m gpu_lab.run_entry {spec.entry}` makes every process run "
+        f"{spec.nproc_per_node}. `-m gpu_lab.rank.headless {spec.entry}` makes every process run "
         "the same entry point as the torchrun export, so metrics reach the run registry the "
         "same way.",
         "",

@@ -18,7 +18,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     "torchrun or accelerate launch command, a Slurm sbatch script (SIGUSR1 before "
                     "the time limit, requeue on exit 143), a Kubeflow training-operator v1 "
                     "PyTorchJob (kubernetes) or a Kubeflow Trainer v2 TrainJob (trainjob). Every "
-                    "rank runs `python -m gpu_lab.run_entry`, which records the run in the "
+                    "rank runs `python -m gpu_lab.rank.headless`, which records the run in the "
                     "registry. `grafana` writes a Grafana dashboard (JSON) for the Prometheus "
                     "metrics of gpu_lab's Jupyter server and DCGM-exporter.",
         epilog="Values are written exactly as given: shell-quoted in commands and the sbatch "

@@ -148,8 +148,8 @@ class JobSpec:
         return self.entry.split(":", 1)[1]
 
     def run_entry_args(self, config_path: str | None = None) -> list:
-        """`-m gpu_lab.run_entry MODULE:FUNCTION --config PATH`: what every rank runs."""
-        return ["-m", "gpu_lab.run_entry", self.entry, "--config",
+        """`-m gpu_lab.rank.headless MODULE:FUNCTION --config PATH`: what every rank runs."""
+        return ["-m", "gpu_lab.rank.headless", self.entry, "--config",
                 value(config_path or self.config_path)]
 
     def config_json(self) -> str:

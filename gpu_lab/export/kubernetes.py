@@ -117,7 +117,7 @@ def kubernetes(spec: JobSpec) -> Export:
         "Kubeflow's training operator schedules GPU jobs with `nvidia.com/gpu` limits; for "
         "PyTorch it runs a PyTorchJob. It sets MASTER_ADDR, MASTER_PORT and RANK (the pod's "
         "index) in every pod; the container's torchrun uses them as rendezvous and node rank and "
-        f"starts {g} rank(s) per pod, each running `gpu_lab.run_entry {spec.entry}` with the "
+        f"starts {g} rank(s) per pod, each running `gpu_lab.rank.headless {spec.entry}` with the "
         f"TrainConfig mounted from the ConfigMap at {CONFIG_MOUNT}/config.json.",
         "",
         f"The image ({spec.image}) must contain gpu_lab and the module of `{spec.entry}`. "

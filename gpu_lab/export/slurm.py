@@ -73,7 +73,7 @@ def sbatch_script(spec: JobSpec) -> str:
 
 set -u
 # Rendezvous for torch.distributed: the job's first node, a port derived from the job id so that
-# two jobs sharing a node do not collide. gpu_lab.run_entry maps SLURM_PROCID / SLURM_LOCALID /
+# two jobs sharing a node do not collide. gpu_lab.rank.headless maps SLURM_PROCID / SLURM_LOCALID /
 # SLURM_STEP_NUM_TASKS / SLURM_NODEID to RANK / LOCAL_RANK / WORLD_SIZE / GROUP_RANK.
 export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 export MASTER_PORT=$((29500 + SLURM_JOB_ID % 1000))
@@ -101,7 +101,7 @@ def slurm(spec: JobSpec) -> Export:
         f"`sbatch {SCRIPT}` asks Slurm for {n} node(s) with {g} "
         f"{'GPU' if spec.device == 'cuda' else 'task'}(s) each for {spec.time_limit}. srun "
         f"starts one task per GPU ({spec.world_size} ranks); each runs `python -m "
-        f"gpu_lab.run_entry {spec.entry} --config {spec.config_path}`, which turns Slurm's task "
+        f"gpu_lab.rank.headless {spec.entry} --config {spec.config_path}`, which turns Slurm's task "
         "ids into torch.distributed's ranks and records the run in the registry as "
         "`slurm-<job id>`.",
         "",

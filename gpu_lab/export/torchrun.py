@@ -42,7 +42,7 @@ def torchrun(spec: JobSpec) -> Export:
         f"torchrun starts {g} process{'es' if g > 1 else ''} on "
         f"{'this node' if n == 1 else f'each of {n} nodes'} (one per {per}; {spec.world_size} "
         "ranks in all) and gives each its RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and "
-        "MASTER_PORT. Each rank runs `python -m gpu_lab.run_entry "
+        "MASTER_PORT. Each rank runs `python -m gpu_lab.rank.headless "
         f"{spec.entry} --config {spec.config_path}`: it loads the TrainConfig, calls "
         f"`{spec.function_name}(config)`, and writes its metrics, status and errors into the run "
         "registry, where `gpu_lab.runs()` and the JupyterLab panel show them next to notebook "

@@ -5,7 +5,7 @@ Trainer v2 replaced the training operator's PyTorchJob: a TrainJob names a runti
 cluster's stock `torch-distributed` ClusterTrainingRuntime) and says what to train and on how many
 nodes. The runtime's torch policy gives every node's container the PET_NNODES, PET_NPROC_PER_NODE,
 PET_NODE_RANK, PET_MASTER_ADDR and PET_MASTER_PORT variables, which torchrun reads as its own
-options, so the container's command is plain `torchrun -m gpu_lab.run_entry ...`.
+options, so the container's command is plain `torchrun -m gpu_lab.rank.headless ...`.
 
 Runtime layout: one replicated job `node` whose container is `node`, as in the stock runtime of
 Trainer v2; the TrainJob's podSpecOverrides target that name to mount the config (and, on the stock
@@ -146,7 +146,7 @@ def trainjob(spec: JobSpec) -> Export:
         f"each with {per_node}. The runtime's torch policy sets PET_NNODES, PET_NPROC_PER_NODE, "
         "PET_NODE_RANK, PET_MASTER_ADDR and PET_MASTER_PORT in every node's container; torchrun "
         f"reads them as its options and starts {g} rank(s) per node, each running "
-        f"`gpu_lab.run_entry {spec.entry}` with the TrainConfig mounted from the ConfigMap at "
+        f"`gpu_lab.rank.headless {spec.entry}` with the TrainConfig mounted from the ConfigMap at "
         f"{CONFIG_MOUNT}/config.json.",
         "",
         f"/dev/shm is memory-backed ({spec.shm_size}): DataLoader workers pass batches through "

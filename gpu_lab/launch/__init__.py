@@ -10,8 +10,8 @@ import types as _types
 from .launcher import launch, stop_all_runs, stop_run
 from .checks import PreflightError, free_port, preflight
 from .run import Run, RunFailedError, attach
-from .triage import RankFailure, RunError
-from .worker import accelerator, control_requested
+from ..failures.triage import RankFailure, RunError
+from ..rank.accelerator import accelerator, control_requested
 
 __all__ = ["launch", "stop_run", "stop_all_runs", "attach", "Run", "RunFailedError", "RunError", "RankFailure", "preflight",
            "PreflightError", "free_port", "accelerator", "control_requested"]

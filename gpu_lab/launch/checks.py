@@ -135,7 +135,7 @@ def preflight(device: str | None = None) -> None:
 
     device: "cuda" or "cpu", what the workers will use (default: "cuda" when NVML sees a GPU)."""
     if device is None:
-        from ..telemetry_probe import gpu_count
+        from ..telemetry.probe import gpu_count
 
         device = "cuda" if gpu_count() > 0 else "cpu"
     check_cuda(device)

@@ -12,13 +12,13 @@ from typing import Any, Callable
 
 from ..access import private_dir, private_if_new
 from ..config import TrainConfig
-from ..registry import Registry, home
-from ..stream.channel import RunKeys, save_client_key
-from ..stream.events import ACTIVE_STATUSES
-from ..telemetry_probe import gpu_count
+from ..record.registry import Registry, home
+from ..record.channel import RunKeys, save_client_key
+from ..record.events import ACTIVE_STATUSES
+from ..telemetry.probe import gpu_count
 from . import checks as pf
 from .run import FINAL, Run, terminate_tree
-from .supervisor import Spec, supervise
+from ..supervise.supervisor import Spec, supervise
 
 _launched: "weakref.WeakSet[Run]" = weakref.WeakSet()
 
@@ -205,7 +205,7 @@ def _wait_supervisor(run: Run, pid: int) -> None:
         run._finish(final["status"], final.get("exitcode", code), final.get("reason"))
         return
     run.exitcode = code
-    from ..stream.receiver import get_receiver
+    from ..readers.receiver import get_receiver
 
     get_receiver().poke(run.id)  # the end may be in the registry without having reached us
     if run._done.wait(5.0):

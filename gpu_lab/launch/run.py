@@ -19,10 +19,10 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Callable
 
-from ..registry import Registry
-from ..stream import events as ev
-from ..stream.runmetrics import ATTACH_POINTS, RunMetrics
-from . import triage
+from ..record.registry import Registry
+from ..record import events as ev
+from ..readers.runmetrics import ATTACH_POINTS, RunMetrics
+from ..failures import triage
 
 FINAL = ev.FINAL_STATUSES
 NOTES_KEPT = 500  # newest events of each non-metric kind read at attach (their totals are counted)
@@ -216,7 +216,7 @@ class Run:
 
     def _follow(self) -> None:
         """Receive this run's events from now on (those after the ones already applied)."""
-        from ..stream.receiver import get_receiver
+        from ..readers.receiver import get_receiver
 
         row_address = None
         if not self.owner:
@@ -306,7 +306,7 @@ class Run:
             if self._done.is_set():
                 return
             self._finish_locked(status, exitcode, reason)
-        from ..stream.receiver import get_receiver
+        from ..readers.receiver import get_receiver
 
         if announce:
             get_receiver().unfollow(self.id, self._on_events)
@@ -461,7 +461,7 @@ def terminate_tree(pid: int, run_dir: Path | None, grace: float = 5.0,
 def _is_recorder(p) -> bool:
     """The run's recorder: it writes the end the supervisor hands it, and exits by itself."""
     try:
-        return "gpu_lab.stream.recorder" in p.cmdline()
+        return "gpu_lab.record.recorder" in p.cmdline()
     except Exception:  # noqa: BLE001 - gone, or not ours to read
         return False
 

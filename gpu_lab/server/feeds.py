@@ -27,7 +27,7 @@ import logging
 from concurrent.futures import Executor
 from typing import Any, Callable, Protocol
 
-from gpu_lab.stream.events import ACTIVE_STATUSES as ACTIVE
+from gpu_lab.record.events import ACTIVE_STATUSES as ACTIVE
 
 from .runview import EVENTS_LIMIT, event_to_wire, log_sizes, read_log, row_to_wire
 

@@ -191,7 +191,7 @@ class CompareHandler(_Base):
 def registry_http_error(e: sqlite3.DatabaseError, state: ServerState) -> web.HTTPError:
     """409 for a write to a read-only registry, 503 for a damaged one; the message says what to
     do. Other database errors stay errors of the server (500)."""
-    from gpu_lab.registry import RegistryError, RegistryReadOnlyError, explain
+    from gpu_lab.record.registry import RegistryError, RegistryReadOnlyError, explain
 
     err = e if isinstance(e, RegistryError) else explain(e, state.registry_path())
     if err is None:

@@ -166,7 +166,7 @@ class GpuLabCollector(Collector):
         yield followers
 
     def _runs(self) -> Iterator[Any]:
-        from gpu_lab.registry import ACTIVE, STATUSES
+        from gpu_lab.record.registry import ACTIVE, STATUSES
 
         reg = self.state.registry
         runs = reg.list_runs()

@@ -2,7 +2,7 @@
 
 Every function here blocks (SQLite, file reads): the handlers and the live feed call them in the
 extension's thread pool. A run's series come from the registry's downsampled levels
-(gpu_lab.stream.levels), so opening the view of a million-step run costs what the points shown
+(gpu_lab.record.levels), so opening the view of a million-step run costs what the points shown
 cost, not the run's length: the browser gets at most `points` points per series, each bucket's
 minimum and maximum exact. The notes are the newest NOTES_KEPT, read through an index.
 
@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpu_lab.stream import events as ev
-from gpu_lab.stream import levels
+from gpu_lab.record import events as ev
+from gpu_lab.record import levels
 
 from .wire import json_safe, run_to_wire
 
@@ -112,7 +112,7 @@ def failure(row: dict) -> dict | None:
     """The triage of a failed run: each failed rank (root cause first) and what to try."""
     if row.get("status") != "failed":
         return None
-    from gpu_lab.launch.triage import RankFailure, RunError
+    from gpu_lab.failures.triage import RankFailure, RunError
 
     failures = []
     errors = Path(row["run_dir"]) / "errors" if row.get("run_dir") else None

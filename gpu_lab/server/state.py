@@ -47,7 +47,7 @@ class ServerState:
     # --- registry -------------------------------------------------------------------------------
     @property
     def registry(self) -> Any:
-        from gpu_lab.registry import Registry
+        from gpu_lab.record.registry import Registry
 
         if self._registry is None:
             self._registry = Registry()
@@ -57,7 +57,7 @@ class ServerState:
         """Where the registry is, without opening it (for messages about a registry that fails)."""
         if self._registry is not None:
             return self._registry.path
-        from gpu_lab.registry import home
+        from gpu_lab.record.registry import home
 
         return home() / "registry.db"
 
@@ -97,7 +97,7 @@ class ServerState:
     # --- info -----------------------------------------------------------------------------------
     def info(self) -> dict:
         from gpu_lab import __version__
-        from gpu_lab.telemetry_probe import gpu_count
+        from gpu_lab.telemetry.probe import gpu_count
 
         index = next((p for p in TUTORIALS_INDEX if (self.root_dir / p).is_file()), None)
         return {

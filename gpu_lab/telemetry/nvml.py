@@ -22,7 +22,7 @@ import os
 import time
 from typing import Any, Callable, Iterable, Sequence
 
-from ..telemetry_probe import close_nvml, open_nvml
+from .probe import close_nvml, open_nvml
 
 
 MB = 1024 * 1024

@@ -89,7 +89,7 @@ class PreemptionGuard(Callback):
 class ControlRequests(Callback):
     """The kernel's Run.request_checkpoint() / stop requests, read on rank 0 at step boundaries.
 
-    A request is a file in the run directory's control/ folder (see gpu_lab.launch.worker); looking
+    A request is a file in the run directory's control/ folder (see gpu_lab.rank.accelerator); looking
     for it is one stat() per name and step. Outside a gpu_lab launch there is no run directory and
     this does nothing. `poll(name, consume)` replaces the file check (tests, other launchers).
     """
@@ -99,7 +99,7 @@ class ControlRequests(Callback):
         self._active = False
 
     def on_fit_start(self, state: TrainState) -> None:
-        from ..launch.worker import control_dir, control_requested
+        from ..rank.accelerator import control_dir, control_requested
 
         # decided once: rank 0 of a launch (or a custom poll) looks; every other case costs nothing
         self._active = state.is_main_process and (self.poll is not None or control_dir() is not None)

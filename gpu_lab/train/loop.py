@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from ..stream import get_reporter, report
+from ..record import get_reporter, report
 from . import activation, oom
 from .callbacks import REQUESTS, Callback, CallbackList, TrainState
 from .checkpoint import CheckpointError, checkpoint_dir, latest_checkpoint
@@ -41,7 +41,7 @@ def make_accelerator(config, output_dir: Path):
     N workers form a gloo group instead of training N independent copies)."""
     from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration
 
-    from ..launch.worker import accelerator as gpu_lab_accelerator
+    from ..rank.accelerator import accelerator as gpu_lab_accelerator
 
     # accelerate keeps precision and the torch.compile plugin in a process-wide singleton that a
     # second Accelerator silently reuses (or refuses to change): each fit() starts from a clean one.

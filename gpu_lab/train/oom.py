@@ -44,8 +44,8 @@ def smaller_batch(micro_batch: int, accum: int) -> tuple[int, int] | None:
 
 
 def suggestions(config, micro_batch: int, accum: int, num_processes: int) -> list[str]:
-    """What to try, cheapest for the result first (gpu_lab.diagnostics.explain's advice)."""
-    from ..diagnostics.explain import oom_suggestions
+    """What to try, cheapest for the result first (gpu_lab.failures.explain's advice)."""
+    from ..failures.explain import oom_suggestions
 
     return oom_suggestions(batch_size=micro_batch, grad_accum_steps=accum,
                            num_processes=num_processes, mixed_precision=config.mixed_precision,

@@ -35,12 +35,12 @@ def as_config(config: TrainConfig | Mapping[str, Any] | None = None, **overrides
 def validate(config: TrainConfig | Mapping[str, Any], *, num_processes: int | None = None,
              gpu_count: int | None = None) -> TrainConfig:
     """Return `config` as a TrainConfig, or raise ConfigError naming the field, the value and what
-    would work. `gpu_count` defaults to NVML's count (gpu_lab.telemetry_probe)."""
+    would work. `gpu_count` defaults to NVML's count (gpu_lab.telemetry.probe)."""
     from ..models import check_input
 
     cfg = as_config(config)
     if gpu_count is None:
-        from ..telemetry_probe import gpu_count as _gpu_count
+        from ..telemetry.probe import gpu_count as _gpu_count
 
         gpu_count = _gpu_count()
     nproc = num_processes if num_processes is not None else cfg.num_processes
@@ -98,7 +98,7 @@ def validate(config: TrainConfig | Mapping[str, Any], *, num_processes: int | No
 def min_compute_capability() -> tuple[int, int] | None:
     """The lowest CUDA compute capability among this host's GPUs, asked of NVML (not torch.cuda,
     which would initialise CUDA in the kernel); None when NVML cannot tell."""
-    from ..telemetry_probe import nvml_session
+    from ..telemetry.probe import nvml_session
 
     with nvml_session() as (nv, _):
         try:

@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from ..config import config_diff
-from ..registry import Registry
-from ..stream import levels
+from ..record.registry import Registry
+from ..record import levels
 
 X_AXES = ("step", "time")
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import ipywidgets as W
 
-from ..registry import Registry
+from ..record.registry import Registry
 from .gpupanel import GPUPanel
 from .liveplot import LivePlot
 from .runinfo import FINAL_STATUSES, RunInfo

@@ -19,7 +19,7 @@ from typing import Any, Callable
 import ipywidgets as W
 
 from ..config import TrainConfig
-from ..stream.events import FINAL_STATUSES
+from ..record.events import FINAL_STATUSES
 from .dashboard import Dashboard
 
 #: Form sections (field order within a section follows this list; fields that no section names
@@ -307,7 +307,7 @@ class LaunchPanel(W.VBox):
     # --- resume ------------------------------------------------------------------------------------
     def refresh_resumable(self) -> None:
         """List the stopped and failed runs of the registry that have a checkpoint folder."""
-        from ..registry import Registry
+        from ..record.registry import Registry
 
         rows = [r for r in Registry().list_runs(status=("stopped", "failed"), limit=50,
                                                 with_last=True) if r.get("output_dir")]
@@ -321,7 +321,7 @@ class LaunchPanel(W.VBox):
     def _on_resume_choice(self, change: dict) -> None:
         run_id = change["new"]
         if run_id is not None:
-            from ..registry import Registry
+            from ..record.registry import Registry
 
             row = Registry().get_run(run_id)
             try:

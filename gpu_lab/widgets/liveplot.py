@@ -14,9 +14,9 @@ from typing import Any, Callable, Iterable, Sequence
 
 import ipywidgets as W
 
-from ..stream import events as ev
-from ..stream.events import FINAL_STATUSES
-from ..stream.history import MetricHistory, minmax_indices
+from ..record import events as ev
+from ..record.events import FINAL_STATUSES
+from ..readers.history import MetricHistory, minmax_indices
 from .throttle import MAX_HZ, Flusher, FollowsRun
 
 LOSS = "loss"
@@ -55,7 +55,7 @@ def as_dates(seconds: Any) -> Any:
 
 
 def decimate(x: Any, y: Any, n: int) -> tuple[Any, Any]:
-    """x, y (numpy arrays) reduced to at most n points (gpu_lab.stream.history.minmax_indices)."""
+    """x, y (numpy arrays) reduced to at most n points (gpu_lab.readers.history.minmax_indices)."""
     import numpy as np
 
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)

@@ -12,8 +12,8 @@ from typing import Any, Callable
 
 import ipywidgets as W
 
-from ..stream import events as ev
-from ..stream.events import FINAL_STATUSES
+from ..record import events as ev
+from ..record.events import FINAL_STATUSES
 from .throttle import Flusher, FollowsRun
 
 STATUS_COLORS = {"pending": "#555", "running": "#1a7f37", "stopping": "#9a6700",

@@ -121,7 +121,7 @@ class FollowsRun(Flushes):
     def attach(self) -> None:
         if self._attached or self.run is None:
             return
-        from ..stream.receiver import get_receiver
+        from ..readers.receiver import get_receiver
 
         sub = getattr(self.run, "subscribe", None)
         if sub is not None:
@@ -132,7 +132,7 @@ class FollowsRun(Flushes):
     def detach(self) -> None:
         if not self._attached:
             return
-        from ..stream.receiver import get_receiver
+        from ..readers.receiver import get_receiver
 
         unsub = getattr(self.run, "unsubscribe", None)
         if unsub is not None:

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..stream import events as ev
+from ..record import events as ev
 
 
 def device_kind() -> str:
@@ -19,7 +19,7 @@ def device_kind() -> str:
     kind = os.environ.get(ev.ENV_DEVICE)
     if kind:
         return kind
-    from ..telemetry_probe import gpu_count
+    from ..telemetry.probe import gpu_count
 
     return "cuda" if gpu_count() > 0 else "cpu"
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Iterable, Sequence
 
-from .events import numbers
+from ..record.events import numbers
 
 
 def minmax_indices(y: Sequence[float], n: int) -> Any:

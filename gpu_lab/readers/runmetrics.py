@@ -29,7 +29,7 @@ class RunMetrics(MetricHistory):
         self._run_id = run_id
 
     def seed(self, snapshot: Any) -> None:
-        """Start each series from a registry snapshot (gpu_lab.stream.levels.read), keeping its
+        """Start each series from a registry snapshot (gpu_lab.record.levels.read), keeping its
         true point count; live events then extend it."""
         with self._lock:
             for (rank, name), p in snapshot.series.items():

@@ -5,7 +5,7 @@ For the failures people meet most, the triage carries the numbers: out of memory
 and total memory, the batch size), communication timeouts (the collective, its timeout, how long it
 ran), data errors (the shard, the sample) and storage errors (the checkpoint, its folder, the bytes
 it needed and found free). The `parse_*` functions find them in a message; `*_suggestions` and
-`*_report` build the advice from numbers; `explain` fills a RankFailure (gpu_lab.launch.triage)
+`*_report` build the advice from numbers; `explain` fills a RankFailure (gpu_lab.failures.triage)
 from its message, its traceback and what the training code `note()`d, inside the failing rank.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import re
 
-from ..launch.triage import COMM, DATA, OOM, SIGNAL, STORAGE, USER, RankFailure
+from .triage import COMM, DATA, OOM, SIGNAL, STORAGE, USER, RankFailure
 from ..units import fmt_bytes, parse_size
 
 _context: dict = {}

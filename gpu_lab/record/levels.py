@@ -415,7 +415,7 @@ def read(c: sqlite3.Connection, run_id: str, points: int, *, names: Sequence[str
 def _read_series(c: sqlite3.Connection, run_id: str, points: int, names, ranks) -> dict:
     import numpy as np
 
-    from .history import minmax_indices
+    from ..readers.history import minmax_indices
 
     out = {}
     for sid, rank, name, count in c.execute(
@@ -526,7 +526,7 @@ def mean_of_ranks(series: list[Points], points: int) -> tuple[list, list, list]:
     of their steps (within that rank's range), so a spike of one rank shows at its step."""
     import numpy as np
 
-    from .history import minmax_indices
+    from ..readers.history import minmax_indices
 
     series = [p for p in series if len(p.env[0])]
     if not series:

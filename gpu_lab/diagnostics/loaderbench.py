@@ -42,11 +42,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from . import pagecache
-from .benchpasses import (Pass, data_wait_fraction, limit_sample, naive_limit, naive_loader,
-                          parallel_limit, per_file_loader, pipeline_limit, throughput)
-from .shards import image_folder_files, write_shards
-from .synthetic import make_synthetic_images
+from ..data import pagecache
+from ..data.benchpasses import Pass, data_wait_fraction, limit_sample, naive_limit, naive_loader, parallel_limit, per_file_loader, pipeline_limit, throughput
+from ..data.shards import image_folder_files, write_shards
+from ..data.synthetic import make_synthetic_images
 
 
 def default_workers() -> int:
@@ -276,7 +275,7 @@ class LoaderBench:
                                    self.num_workers)
         if name != "shards":
             raise ValueError(f"loader name={name!r}: expected 'naive', 'per_file' or 'shards'")
-        from .loader import shard_loader
+        from ..data.loader import shard_loader
 
         return shard_loader(self.shard_dir, self.batch_size, train=True, image_size=self.crop_size,
                             augment=self.augment, num_workers=self.num_workers, rank=0,

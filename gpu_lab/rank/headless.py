@@ -1,4 +1,4 @@
-"""Run a training function headless: `python -m gpu_lab.run_entry module:function --config cfg.json`.
+"""Run a training function headless: `python -m gpu_lab.rank.headless module:function --config cfg.json`.
 
 This is what every exported command runs, once per rank: under torchrun (and `accelerate launch`,
 which starts torchrun's agent), under Slurm's srun (one task per GPU), in a Kubernetes pod, or
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from .stream.events import ACTIVE_STATUSES
+from ..record.events import ACTIVE_STATUSES
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_PREEMPTED = 0, 1, 2, 143
 
@@ -136,7 +136,7 @@ def derive_run_id(topo: Topology, explicit: str | None = None, env: dict | None 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m gpu_lab.run_entry",
+        prog="python -m gpu_lab.rank.headless",
         description="Run a training function on this rank (under torchrun, accelerate launch, "
                     "srun, or alone) and record its metrics in the gpu_lab run registry.")
     p.add_argument("entry", metavar="MODULE:FUNCTION",
@@ -150,7 +150,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def load_config(path: str):
-    from .config import TrainConfig
+    from ..config import TrainConfig
 
     p = Path(path)
     if not p.is_file():
@@ -189,7 +189,7 @@ class Stopped(SystemExit):
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     # --- everything is checked before anything starts --------------------------------------------
-    from .export.entry import EntryError, resolve_entry
+    from ..export.entry import EntryError, resolve_entry
 
     try:
         config = load_config(args.config) if args.config else None
@@ -197,15 +197,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         topo = detect_topology()
         run_id = derive_run_id(topo, args.run_id)
     except (EntryError, ValueError, TypeError) as exc:
-        print(f"gpu_lab.run_entry: {exc}", file=sys.stderr, flush=True)
+        print(f"gpu_lab.rank.headless: {exc}", file=sys.stderr, flush=True)
         return EXIT_USAGE
 
-    from .access import private_dir, private_if_new
-    from .registry import Registry, home
-    from .stream import events as ev
-    from .stream import reporter as rep
-    from .stream.channel import ENV_KEY
-    from .stream.recorder import Recorder
+    from ..access import private_dir, private_if_new
+    from ..record.registry import Registry, home
+    from ..record import events as ev
+    from ..record import reporter as rep
+    from ..record.channel import ENV_KEY
+    from ..record.recorder import Recorder
 
     registry = Registry()
     run_dir = home() / "runs" / run_id
@@ -246,11 +246,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         status, code, error = "stopped", 130, f"rank {topo.rank}: interrupted (SIGINT)"
     except BaseException as exc:  # noqa: BLE001 - recorded, then the process fails
-        from .launch import triage
+        from ..failures import triage
 
         failure = triage.from_exception(topo.rank, exc)
         failure.pid = os.getpid()
-        from .launch.supervisor import write_atomic
+        from ..supervise.supervisor import write_atomic
 
         write_atomic(private_dir(run_dir / "errors") / f"rank{topo.rank}.json",
                      json.dumps(failure.to_dict()).encode())
@@ -274,7 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _close_row(registry, run_id, topo, status, error)
     lost = recorder.received - recorder.written
     if lost or recorder.write_errors:
-        print(f"gpu_lab.run_entry: rank {topo.rank}: {lost} event(s) could not be written to "
+        print(f"gpu_lab.rank.headless: rank {topo.rank}: {lost} event(s) could not be written to "
               f"{registry.path} ({recorder.write_errors} failed write(s))", file=sys.stderr,
               flush=True)
     return code
@@ -321,7 +321,7 @@ def _close_row(registry: Any, run_id: str, topo: Topology, status: str, error: s
 def _write_result(run_dir: Path, result: Any) -> None:
     import pickle
 
-    from .launch.supervisor import write_atomic
+    from ..supervise.supervisor import write_atomic
 
     try:
         payload = pickle.dumps(result)

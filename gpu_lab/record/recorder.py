@@ -23,7 +23,7 @@ then publishes the numbered events on its PUB socket, topic = run id. So anythin
 sees live is already durable, and a subscriber that missed some (it connected late, or fell behind
 the PUB socket's high-water mark) reads the gap back from the registry by sequence number.
 
-Both sockets are private to the run (gpu_lab.stream.channel): CURVE servers that admit only
+Both sockets are private to the run (gpu_lab.record.channel): CURVE servers that admit only
 the run's client key, which its ranks and its owner's readers hold; connections with another key
 are refused before anything they send is read, and counted (`refused`).
 
@@ -52,7 +52,7 @@ class Recorder:
     def __init__(self, registry: Any, run_id: str, *, publish: bool = True,
                  interval: float = 0.1, max_pending: int = 50_000, keys: RunKeys | None = None,
                  private: bool = True) -> None:
-        """keys: the run's channel keys (gpu_lab.stream.channel); by default a fresh pair, whose
+        """keys: the run's channel keys (gpu_lab.record.channel); by default a fresh pair, whose
         client key (`client_key`) the ranks and readers must hold. private=False: no CURVE, any
         local process can write and read (only for measuring what the privacy costs)."""
         import zmq
@@ -345,7 +345,7 @@ def spawn(registry_path: str, run_id: str, log_path: str, keys: RunKeys) -> tupl
     env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(
         os.pathsep) if p])
     with open(log_path, "ab") as log_file:
-        proc = subprocess.Popen([sys.executable, "-m", "gpu_lab.stream.recorder", registry_path,
+        proc = subprocess.Popen([sys.executable, "-m", "gpu_lab.record.recorder", registry_path,
                                  run_id], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=log_file, env=env)
     try:
@@ -380,7 +380,7 @@ def serve(registry_path: str, run_id: str) -> int:
     import signal
     import sys
 
-    from ..registry import Registry
+    from .registry import Registry
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # a stop is for the ranks: the
         signal.signal(sig, signal.SIG_IGN)                      # record must outlive them
@@ -388,7 +388,7 @@ def serve(registry_path: str, run_id: str) -> int:
         keys = RunKeys.decode(json.loads(sys.stdin.readline())["keys"])
     except (ValueError, KeyError, TypeError) as exc:
         print(f"gpu_lab recorder: expected the run's keys as the first line of stdin "
-              f"({exc}); it is started by gpu_lab.stream.recorder.spawn", file=sys.stderr)
+              f"({exc}); it is started by gpu_lab.record.recorder.spawn", file=sys.stderr)
         return 2
     reg = Registry(registry_path)
     rec = Recorder(reg, run_id, keys=keys)

@@ -6,7 +6,7 @@ process group, lets go of the kernel's sockets and output, and calls accelerate'
 notebook_launcher. It owns the run's record: the recorder process it starts receives every rank's
 events, writes them to the registry and publishes them to any subscriber (the launching kernel is
 one). The run's channel is private: the supervisor hands the recorder the run's keys over its
-stdin and the ranks the client key in their environment (gpu_lab.stream.channel); everything it
+stdin and the ranks the client key in their environment (gpu_lab.record.channel); everything it
 and the ranks write in the run folder is the owner's only (gpu_lab.access).
 notebook_launcher blocks and discards return values; that is fine here, because the supervisor is
 not the kernel: rank 0 writes its return value to a file, each failed rank writes its exception,
@@ -34,9 +34,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..access import private_dir
-from ..stream import events as ev
-from ..stream.channel import ENV_KEY
-from . import triage
+from ..record import events as ev
+from ..record.channel import ENV_KEY
+from ..failures import triage
 
 EXIT_OK, EXIT_FAILED, EXIT_STOPPED = 0, 1, 143
 
@@ -70,7 +70,7 @@ class Spec:
     run_dir: str = ""
     device: str = "cpu"
     registry_path: str = ""
-    keys: Any = None  # the run's channel keys (gpu_lab.stream.channel.RunKeys)
+    keys: Any = None  # the run's channel keys (gpu_lab.record.channel.RunKeys)
 
     def __post_init__(self) -> None:
         from ..config import MixedPrecision
@@ -181,7 +181,7 @@ class RankEntry:
             _die_with_parent(self.supervisor_pid)
         tempfile.tempdir = self.tempdir
         _redirect_output(self.run_dir / "logs" / f"rank{rank}.log")
-        from ..stream import reporter as rep
+        from ..record import reporter as rep
 
         rep.reset_reporter()
         reporter = rep.get_reporter()
@@ -248,10 +248,10 @@ def supervise(spec: Spec) -> None:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         for sig in (signal.SIGTERM, signal.SIGHUP):  # elastic replaces it while the ranks run
             signal.signal(sig, _raise_stop)
-        from ..stream import recorder as rec
+        from ..record import recorder as rec
 
         # The recorder is a process of its own: this one is a fork of the kernel, where SQLite
-        # must not be used (see gpu_lab.stream.recorder). A stop that arrives while it starts
+        # must not be used (see gpu_lab.record.recorder). A stop that arrives while it starts
         # waits until it is up, so that it hears the end.
         stops = {signal.SIGTERM, signal.SIGHUP}
         signal.pthread_sigmask(signal.SIG_BLOCK, stops)
@@ -362,7 +362,7 @@ def supervise(spec: Spec) -> None:
 def _keys(spec: Spec) -> Any:
     """The run's channel keys: the launcher's, else (a Spec made elsewhere) fresh ones, whose
     client key is then written where the owner's readers find it."""
-    from ..stream.channel import RunKeys, save_client_key
+    from ..record.channel import RunKeys, save_client_key
 
     if spec.keys is None:
         spec.keys = RunKeys.new()
@@ -378,7 +378,7 @@ def _record_end(run_dir: Path, recorder: Any, status: str, code: int, note: str,
                  json.dumps({"status": status, "code": code, "t": time.time(), "reason": reason,
                              "note": note[-4000:]}).encode())
     if recorder is not None:
-        from ..stream.recorder import end
+        from ..record.recorder import end
 
         end(recorder, {"status": status, "exitcode": code, "reason": reason,
                        "error": note[-4000:] if status == "failed" else None})

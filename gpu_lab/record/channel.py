@@ -163,6 +163,6 @@ def _quiet_log() -> Any:
     """The authenticator logs every refusal; the Gate counts them instead."""
     import logging
 
-    log = logging.getLogger("gpu_lab.stream.channel.zap")
+    log = logging.getLogger("gpu_lab.record.channel.zap")
     log.setLevel(logging.ERROR)
     return log

@@ -9,7 +9,7 @@ job) is read back from the registry: on a gap in the sequence numbers, and about
 without live traffic. So a subscriber never sees a gap, however late it attached.
 
 Each connection is a CURVE client of that run's recorder, with that run's key (given to follow(),
-else read from the run's folder; gpu_lab.stream.channel): CURVE options are taken at connect(),
+else read from the run's folder; gpu_lab.record.channel): CURVE options are taken at connect(),
 so one socket holds many runs' keys. A run whose key this process cannot read (another user's) is
 followed through the registry alone, if that can be read; nothing unauthenticated is connected.
 
@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import events as ev
+from ..record import events as ev
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class Receiver:
     @property
     def registry(self) -> Any:
         if self._registry is None:
-            from ..registry import Registry
+            from ..record.registry import Registry
 
             self._registry = Registry()
         return self._registry
@@ -193,7 +193,7 @@ class Receiver:
     def _connect_follow(self, f: _Follow, row: dict | None = None) -> None:
         """Connect to f's recorder with the run's key; without the key, stay on the registry."""
         if f.key is None:
-            from .channel import load_client_key
+            from ..record.channel import load_client_key
 
             if row is None:
                 try:
@@ -314,7 +314,7 @@ class Receiver:
 
 
 def unpack(run_id: str, frames: list[bytes]) -> list[dict]:
-    """The events of a recorder's message (see gpu_lab.stream.recorder), with their numbers."""
+    """The events of a recorder's message (see gpu_lab.record.recorder), with their numbers."""
     import json
 
     head = json.loads(frames[0])

@@ -3,7 +3,7 @@ order (RunError), and the categories a failure falls in.
 
 `from_exception` and `from_exitcode` make a RankFailure inside the failing rank (or the supervisor);
 what the failure's message means and what to try, with its exact numbers, is
-gpu_lab.diagnostics.explain's job.
+gpu_lab.failures.explain's job.
 """
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def categorize(type_name: str, message: str, traceback_text: str = "") -> str:
 def from_exception(rank: int, exc: BaseException) -> RankFailure:
     text = "".join(tb.format_exception(type(exc), exc, exc.__traceback__))
     cat = categorize(type(exc).__name__, str(exc), text)
-    from ..diagnostics.explain import SUGGESTIONS, explain
+    from .explain import SUGGESTIONS, explain
 
     failure = RankFailure(rank=rank, type=type(exc).__name__, message=str(exc), traceback=text,
                           category=cat, suggestions=list(SUGGESTIONS[cat]), t=time.time())
@@ -96,7 +96,7 @@ def from_exception(rank: int, exc: BaseException) -> RankFailure:
 def from_exitcode(rank: int, exitcode: int | None, pid: int | None = None,
                   t: float | None = None) -> RankFailure:
     """A rank that died without a Python exception (killed, or os._exit)."""
-    from ..diagnostics.explain import SUGGESTIONS
+    from .explain import SUGGESTIONS
 
     if exitcode is not None and exitcode < 0:
         try:

@@ -37,13 +37,13 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 from urllib.parse import quote
 
-from .access import SHARE_GROUP, group_name, share_gid
-from .stream.events import ACTIVE_STATUSES as ACTIVE
-from .stream.events import KINDS, METRIC
-from .stream.events import STATUSES
-from .stream.events import TEXT as _TEXT
-from .stream.events import numbers as _numbers
-from .stream import levels as _levels
+from ..access import SHARE_GROUP, group_name, share_gid
+from .events import ACTIVE_STATUSES as ACTIVE
+from .events import KINDS, METRIC
+from .events import STATUSES
+from .events import TEXT as _TEXT
+from .events import numbers as _numbers
+from . import levels as _levels
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
