@@ -48,7 +48,7 @@ def child(mode: str, data_dir: str) -> None:
     import torch
 
     from gpu_lab.data.loader import shard_loader
-    from gpu_lab.data.benchpasses import limit_batches
+    from gpu_lab.diagnostics.loaderpasses import limit_batches
     from gpu_lab.data.shards import image_folder_files
     from gpu_lab.data.transforms import build_transform, decode
 

@@ -1,7 +1,7 @@
 """TrainConfig: the validated configuration of one training run.
 
-It mirrors the config dict of Article A (batch_size, num_epochs, lr, optimizer, scheduler,
-gradient_accumulation_steps) and adds what a run on a GPU server needs. Every field carries help
+It takes the keys a usual training config dict has (batch_size, num_epochs, lr, optimizer,
+scheduler, gradient_accumulation_steps) and adds what a run on a GPU server needs. Every field carries help
 text (the LaunchPanel form shows it), and a wrong value raises an error that names the field, the
 value and what is accepted, before any process starts.
 """
@@ -60,7 +60,7 @@ class Decode(StrEnum):
 #: Model names that gpu_lab.models.build accepts. The tiny ones learn in seconds on a CPU.
 MODEL_NAMES = ("tiny_cnn", "tiny_resnet", "tiny_vit", "resnet18", "resnet50", "vgg16", "vit_b_16")
 
-# Names used by other tools (Article A's config dict, accelerate, HF Trainer) → our field names.
+# Names used by other tools (common config dicts, accelerate, HF Trainer) → our field names.
 ALIASES = {
     "num_epochs": "epochs",
     "gradient_accumulation_steps": "grad_accum_steps",
@@ -183,8 +183,8 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "TrainConfig":
-        """Build from a dict; Article A's names (num_epochs, gradient_accumulation_steps, …) are
-        accepted, unknown keys are refused with the closest valid name."""
+        """Build from a dict; other tools' names (num_epochs, gradient_accumulation_steps, …)
+        are accepted, unknown keys are refused with the closest valid name."""
         if not isinstance(d, Mapping):
             raise TypeError(f"TrainConfig.from_dict: expected a mapping, got {type(d).__name__}")
         names = [f.name for f in dataclasses.fields(cls)]
@@ -197,7 +197,7 @@ class TrainConfig:
                 raise ValueError(f"TrainConfig: unknown field {key!r}.{hint} "
                                  f"Accepted fields: {', '.join(names)}.")
             if name in ("optimizer", "mixed_precision", "scheduler", "augment") and isinstance(value, str):
-                value = value.lower()  # Article A writes "AdamW"
+                value = value.lower()  # "AdamW" as torch spells it
             kw[name] = value
         return cls(**kw)
 

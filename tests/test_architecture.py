@@ -1,4 +1,6 @@
-"""The architecture rules of DESIGN.md, enforced: dependency direction and a cheap import."""
+"""The package's layering, enforced: headless packages never import views, `import gpu_lab` is cheap
+and starts no thread, every module is reachable from where users enter (what only benchmarks use
+lives in bench/), the package never imports bench/, and every declared dependency is used."""
 from __future__ import annotations
 
 import ast
@@ -71,7 +73,7 @@ def test_headless_modules_load_without_view_libraries():
 # Where users enter the package: the public API (gpu_lab/__init__.py's _API and _SUBMODULES), the
 # command line, the server extension that JupyterLab loads, and the entry of headless runs.
 ENTRY_POINTS = ("gpu_lab", "gpu_lab.cli", "gpu_lab.server", "gpu_lab.rank.headless")
-# The named test doubles for machines without a GPU (DESIGN.md), which tests, the GPU check and
+# The named test doubles for machines without a GPU, which tests, the GPU check and
 # tutorial 06 import by name; each one says so in its first line.
 TEST_DOUBLES = ("gpu_lab.launch.testing", "gpu_lab.telemetry.doubles")
 

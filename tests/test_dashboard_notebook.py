@@ -9,7 +9,7 @@ background threads by the context of the cell that started the thread. Every upd
 from such a thread (the event receiver's tick, the telemetry sampler). The widget state that
 nbclient records (from the comm messages on IOPub parented to the executing cell) therefore proves
 that trait updates made on those threads reached the frontend's channel. Plotly's restyle deltas
-are not part of that saved state (see DESIGN.md), so the plotted points are checked in the kernel.
+are not part of that saved state, so the plotted points are checked in the kernel.
 """
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ import pytest
 
 from gpu_lab.cli import main
 from gpu_lab.diagnostics import loaderbench as bench
-from gpu_lab.data import benchpasses
+from gpu_lab.diagnostics import loaderpasses
 from gpu_lab.diagnostics.loaderbench import BenchReport
 from gpu_lab.data.pagecache import evict, resident_fraction
 
@@ -57,7 +57,7 @@ def test_throughput_clock_stops_at_the_last_batch(monkeypatch):
     """A loader's rate runs from the first batch to the last: neither its start-up nor the time it
     takes to end after the last batch (a DataLoader joins its workers there) counts."""
     clock = [0.0]
-    monkeypatch.setattr(benchpasses.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(loaderpasses.time, "perf_counter", lambda: clock[0])
 
     def loader():
         clock[0] += 50.0  # start-up, before the first batch
@@ -66,7 +66,7 @@ def test_throughput_clock_stops_at_the_last_batch(monkeypatch):
             clock[0] += 1.0
         clock[0] += 100.0  # shutdown, after the last batch
 
-    p = benchpasses.throughput(loader())
+    p = loaderpasses.throughput(loader())
     assert p.images == 50
     assert p.rate == pytest.approx(40 / 4.0)  # the 4 batches after the first, over 4 seconds
 
@@ -119,7 +119,7 @@ def test_the_limit_decodes_all_the_loaders_images_within_its_memory_budget(tmp_p
     for i in range(10):
         files.append(tmp_path / f"{i}.jpg")
         files[-1].write_bytes(bytes(100))
-    assert benchpasses.limit_sample(files) == files
-    assert benchpasses.limit_sample(files, max_bytes=1000) == files
-    assert benchpasses.limit_sample(files, max_bytes=999) == files[::2]
-    assert benchpasses.limit_sample(files, max_bytes=300) == files[::4]
+    assert loaderpasses.limit_sample(files) == files
+    assert loaderpasses.limit_sample(files, max_bytes=1000) == files
+    assert loaderpasses.limit_sample(files, max_bytes=999) == files[::2]
+    assert loaderpasses.limit_sample(files, max_bytes=300) == files[::4]

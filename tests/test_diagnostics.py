@@ -213,7 +213,7 @@ def test_advice_lists_fits_counts_and_remedies_in_order():
     assert not fits["P100 16GB"].fits_one and fits["P100 16GB"].min_gpus == 2
     assert fits["P100 16GB"].per_gpu_batch == 128
     assert fits["A100 80GB"].fits_one and fits["A100 80GB"].min_gpus == 1
-    assert fits["V100 32GB"].article_pick == "Article A's pick: 4× V100 32GB"
+    assert fits["V100 32GB"].article_pick == "usual pick: 4× V100 32GB"
     assert adv.remedies, "it does not fit one P100: there must be something to switch on"
     peaks = [r.peak_bytes for r in adv.remedies]
     assert peaks == sorted(peaks) and all(p < est.peak_bytes for p in peaks)

@@ -68,13 +68,22 @@ def _user_strings(tree: ast.AST) -> list[tuple[int, str]]:
             if isinstance(n, ast.Constant) and isinstance(n.value, str)]
 
 
+def _comments(text: str) -> list[tuple[int, str]]:
+    import io
+    import tokenize
+
+    return [(t.start[0], t.string) for t in tokenize.generate_tokens(io.StringIO(text).readline)
+            if t.type == tokenize.COMMENT]
+
+
 def test_no_citations_in_text_users_see():
-    """A user has the articles' titles, not 'seed 000' or section numbers: help texts, warnings,
-    advice, error messages and docstrings give the advice itself."""
+    """A user has neither the articles nor their section numbers: help texts, warnings, advice,
+    error messages, docstrings and comments give the advice or the fact itself, never "Article A",
+    "seed 000" or "§3.2" (the tutorial notebooks may cite)."""
     bad = []
     for f, text in _sources().items():
-        for line, s in _user_strings(ast.parse(text)):
-            if re.search(r"[sS]eed 00\d|§", s):
+        for line, s in _user_strings(ast.parse(text)) + _comments(text):
+            if re.search(r"[sS]eed 00\d|§|\bArticle [AB]\b", s):
                 bad.append(f"{f}:{line}: {s.strip()[:80]!r}")
     assert not bad, "\n".join(bad)
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from gpu_lab.diagnostics.loaderbench import BenchReport, LoaderBench
-from gpu_lab.data.benchpasses import Pass, throughput
+from gpu_lab.diagnostics.loaderpasses import Pass, throughput
 
 from . import samecore
 from .samecore import WorkerClock

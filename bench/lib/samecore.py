@@ -9,8 +9,8 @@ development VM, so a median of 15 pairs still moves by about +-0.04 from run to 
 
 Here each of the loader's worker processes shares one core with a process that runs the pipeline
 limit (decode + transforms + batching, on encoded bytes already in memory, as
-`gpu_lab.data.benchpasses.pipeline_limit` does). The kernel time-slices the two every few milliseconds, so both run on the same machine at
-the same moments. Over whole passes of the loader, each one's images per CPU-second (all its
+`gpu_lab.diagnostics.loaderpasses.pipeline_limit` does). The kernel time-slices the two every few
+milliseconds, so both run on the same machine at the same moments. Over whole passes of the loader, each one's images per CPU-second (all its
 threads' time on a CPU, from /proc/<pid>/task/*/schedstat, in ns) give the ratio: what a worker
 spends per image against what decode + transforms cost on their own. `calibrate` puts the
 instrument on a known answer: two limit processes sharing a core read 1.00 (+-0.03 per window of
@@ -52,7 +52,7 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from gpu_lab.data.benchpasses import limit_batches
+from gpu_lab.diagnostics.loaderpasses import limit_batches
 from gpu_lab.data.transforms import build_transform, decode
 
 

@@ -16,9 +16,8 @@ Workers hand over uint8 batches: a quarter of the bytes of float32 through share
 memory and PCIe. They stack each batch into a slot of shared memory that the training process
 mapped once, before they forked, and reuse a slot once nothing reads it any more: only a slot number
 crosses the pipe, instead of torch's fresh segment, page faults and file-descriptor handshake per
-batch (see `batch_ring`; measured here with bench/loader.py, that took the loader from 0.65x to
-0.83x of its pipeline limit, medians of back-to-back pairs). The normalisation then runs where the
-batch lands, on the GPU when `device` is one.
+batch (see `batch_ring`). The normalisation then runs where the batch lands, on the GPU when
+`device` is one.
 
 Rules it enforces:
 

@@ -1,6 +1,6 @@
 """WebDataset shards on disk: write them from an ImageFolder tree, describe them in a manifest, find them.
 
-Article A says to merge small files and to use WebDataset: a shard is a plain tar file whose
+Small files are merged into WebDataset shards: a shard is a plain tar file whose
 members `<key>.jpg`, `<key>.cls` (and optionally `<key>.json`) form one sample. Reading thousands of
 small files costs one open/stat/read round trip each (and on network storage, one request each);
 a shard is read sequentially in large blocks, and whole shards are what ranks and workers split.

@@ -1,13 +1,12 @@
 """Decoding and augmentation: encoded bytes → normalised float tensors, with torchvision.transforms.v2.
 
 The loader decodes with `torchvision.io.decode_image` (libjpeg-turbo / libpng straight into a uint8
-CHW tensor) and runs the v2 transforms on uint8 tensors. Measured on this kind of CPU with 160 px
-JPEGs, that path is 2-3x faster per core than PIL decode + PIL transforms + ToTensor: decoding and
-augmenting, not reading files, bound a loader on a warm disk, so the per-sample path is what to make
-cheap. For decoded uint8 tensors, "none" and "basic" take `ImageTransform`'s functional path: the
+CHW tensor) and runs the v2 transforms on uint8 tensors, a faster path per core than PIL decode +
+PIL transforms + ToTensor (`gpu-lab bench loader` measures both): decoding and augmenting, not
+reading files, bound a loader on a warm disk, so the per-sample path is what to make cheap. For decoded uint8 tensors, "none" and "basic" take `ImageTransform`'s functional path: the
 same operations and random draws as the v2 pipeline at about half its per-image cost.
 
-Augmentation levels (Article A recommends AutoAugment + RandomErasing):
+Augmentation levels (for ImageNet-style training, ``autoaugment`` is the strong recipe):
 
 - ``none``: resize the shorter side to `image_size`, centre crop (the eval transform);
 - ``basic``: RandomResizedCrop + horizontal flip;
@@ -186,7 +185,7 @@ def normalize_batch(batch: torch.Tensor, out: torch.Tensor | None = None) -> tor
 def build_pil_transform(train: bool, image_size: int, augment: str = "basic",
                         crop_scale: tuple[float, float] = CROP_SCALE) -> Callable:
     """The same operations with classic `torchvision.transforms` on PIL images, ending in
-    ToTensor: the per-file pipeline that Article A implies. Only the benchmark's baseline uses it."""
+    ToTensor: the usual per-file pipeline. Only the loader benchmark's baseline uses it."""
     from torchvision import transforms as T
 
     aug = check_augment(augment)

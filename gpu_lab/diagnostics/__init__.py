@@ -1,4 +1,4 @@
-"""gpu_lab.diagnostics: what is wrong with my setup and my run, and what should I do (Article A).
+"""gpu_lab.diagnostics: what is wrong with my setup and my run, and what should I do.
 
     doctor()                                   environment report (NVML only: never initialises CUDA)
     estimate_memory(model, image_size, batch_size, precision, optimizer)   fake-tensor dry run

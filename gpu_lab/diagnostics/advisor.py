@@ -1,6 +1,6 @@
 """Hardware advisor: the memory of one training step, which GPUs hold it, and what to switch on.
 
-Article A picks GPUs by model size (VGG16 → one P100 16 GB, ResNet-50 → four V100,
+The usual picks go by model size (VGG16 → one P100 16 GB, ResNet-50 → four V100,
 ViT → eight A100 80 GB) without saying why. Here the "why" is measured: one training step (forward,
 loss, backward, optimizer step) runs as a dry run on fake tensors — they carry shapes, dtypes and
 sizes but no data, so ResNet-50 at batch 256 costs seconds of CPU and no memory — while torch's
@@ -86,7 +86,7 @@ class GPUFit:
     fits_one: bool
     min_gpus: int | None       # data-parallel GPUs needed to hold the global batch (None: > max)
     per_gpu_batch: int | None
-    article_pick: str | None      # "Article A's pick: 4× V100 32GB" when the article names it
+    article_pick: str | None      # "usual pick: 4× V100 32GB" where this class is the model's
 
 
 @dataclass
@@ -139,7 +139,7 @@ class Advice:
                "<table><tr>" + "".join(f"<th>{e(k)}</th>" for k, _ in est.rows()) + "</tr><tr>"
                + "".join(f"<td>{fmt_bytes(v)}</td>" for _, v in est.rows()) + "</tr></table>",
                "<table><tr><th>GPU</th><th>usable</th><th>one GPU?</th>"
-               f"<th>GPUs for batch {est.batch_size}</th><th>Article A's pick</th></tr>"]
+               f"<th>GPUs for batch {est.batch_size}</th><th>Usual pick</th></tr>"]
         for f in self.fits:
             n = "—" if f.min_gpus is None else f"{f.min_gpus} (batch {f.per_gpu_batch} each)"
             color = "#1a7f37" if f.fits_one else "#b00"
@@ -374,7 +374,7 @@ def _fits(est: MemoryEstimate, gpus: list[GPUClass], max_gpus: int) -> list[GPUF
             if est.peak_for_batch(b) <= usable:
                 n_needed, per = n, b
                 break
-        pick = f"Article A's pick: {seed[0]}× {seed[1]}" if seed and seed[1] == g.name else None
+        pick = f"usual pick: {seed[0]}× {seed[1]}" if seed and seed[1] == g.name else None
         out.append(GPUFit(g.name, g.memory_gb, usable, est.peak_bytes <= usable, n_needed, per, pick))
     return out
 
@@ -417,7 +417,7 @@ def advise(model: str, image_size: int = 224, batch_size: int = 32, precision: s
            gpus: list[str] | None = None, max_gpus: int = 8, measure_switches: bool = True,
            estimate: MemoryEstimate | None = None) -> Advice:
     """Which GPU classes hold one training step, how many of each the global batch needs, and —
-    where one `target` GPU (default: Article A's pick for the model, else the smallest class) is not
+    where one `target` GPU (default: the usual pick for the model, else the smallest class) is not
     enough — what to switch on, each with its estimated peak (measured by more dry runs when
     `measure_switches`)."""
     est = estimate or estimate_memory(model, image_size, batch_size, precision, optimizer,

@@ -1,5 +1,6 @@
-"""All-reduce benchmark, like nccl-tests' all_reduce_perf (Article A: "test AllReduce with
-nccl-tests"), run on N ranks through gpu_lab.launch: gloo on CPUs, NCCL on GPUs.
+"""All-reduce benchmark, like nccl-tests' all_reduce_perf (how fast the links between GPUs are
+before a multi-GPU run relies on them), run on N ranks through gpu_lab.launch: gloo on CPUs, NCCL
+on GPUs.
 
 For each message size S it times an in-place all-reduce (sum) and prints, as nccl-tests does:
 

@@ -26,8 +26,8 @@ STEP, DATA, FWD_BWD, OPTIM, COMM, SAMPLES = ("step_time", "data_wait", "fwd_bwd_
 BOUNDS = ("data", "compute", "communication")
 
 #: a fed pipeline has the next batch ready (prefetch), so its wait is ~0; at 20% the accelerator
-#: idles a fifth of every step. Seed 003 §3.2 wants utilisation above 70%; seed 000 §4.2's job
-#: waited 45%.
+#: idles a fifth of every step, past the 70-80% utilisation a well-fed GPU job keeps (a
+#: loader-starved job can wait 45% of its steps).
 DATA_BOUND = 0.20
 #: DDP overlaps gradient all-reduce with backward; what still shows after the overlap above 30%
 #: of the step means the links, not the GPUs, set the pace.

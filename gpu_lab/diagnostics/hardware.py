@@ -1,8 +1,8 @@
 """GPU classes: memory and dense peak throughput, from NVIDIA's data sheets.
 
-Article A picks hardware by model size (VGG16 → one P100 16 GB, ResNet-50 → four V100 32 GB,
-ViT → eight A100 80 GB), adds A40 and the H200 with 141 GB. The advisor checks those picks
-against a measured memory estimate, and the GPU benchmark divides by the peak to get MFU.
+The usual picks go by model size (VGG16 → one P100 16 GB, ResNet-50 → four V100 32 GB,
+ViT → eight A100 80 GB); the classes add A40 and the H200 with 141 GB. The advisor checks those
+picks against a measured memory estimate, and the GPU benchmark divides by the peak to get MFU.
 
 Peaks are dense (no 2:4 sparsity), in TFLOPS, for the SXM board where one exists. None means the
 GPU has no such math mode (no TF32 or bf16 before Ampere: those run as fp32 / fp16).
@@ -35,7 +35,7 @@ class GPUClass:
                 "bf16": self.bf16_tflops, "fp16": self.fp16_tflops or self.bf16_tflops}.get(precision)
 
 
-#: from small to large memory; Article A's picks are P100 16GB, V100 32GB, A40, A100 80GB, H200
+#: from small to large memory: the usual picks (P100 16GB, V100 32GB, A100 80GB), A40, H200 and more
 GPU_CLASSES: tuple[GPUClass, ...] = (
     GPUClass("T4 16GB", 16, 8.1, None, None, 65.0, "Turing", ("t4",)),
     GPUClass("P100 16GB", 16, 10.6, None, None, 21.2, "Pascal", ("p100",)),
@@ -50,7 +50,7 @@ GPU_CLASSES: tuple[GPUClass, ...] = (
     GPUClass("H200 141GB", 141, 67.0, 494.7, 989.4, 989.4, "Hopper", ("h200",)),
 )
 
-#: Article A: model size → instance type (the advisor shows whether memory agrees)
+#: the usual pick by model: model → (GPUs, class); the advisor shows whether memory agrees
 ARTICLE_PICKS: dict[str, tuple[int, str]] = {
     "vgg16": (1, "P100 16GB"),
     "resnet50": (4, "V100 32GB"),

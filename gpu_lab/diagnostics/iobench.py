@@ -1,7 +1,7 @@
 """I/O benchmark for a data directory, and a live iostat-like view of the disks during a run.
 
-Article A: "I/O slowdowns: watch `iostat -x 1`; more loader workers, prefetch". Two questions
-come before tuning the loader: how fast can this directory be read at all, and is the disk busy
+A slow input pipeline is first an I/O question (what `iostat -x 1` shows), before more loader
+workers or prefetch. Two questions come before tuning the loader: how fast can this directory be read at all, and is the disk busy
 while training runs?
 
 `io_bench(path)` reads the files already there (or a test file it writes, with write_test_mb):

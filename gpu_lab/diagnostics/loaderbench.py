@@ -43,7 +43,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..data import pagecache
-from ..data.benchpasses import Pass, data_wait_fraction, limit_sample, naive_limit, naive_loader, parallel_limit, per_file_loader, pipeline_limit, throughput
+from .loaderpasses import (Pass, data_wait_fraction, limit_sample, naive_limit, naive_loader,
+                           parallel_limit, per_file_loader, pipeline_limit, throughput)
 from ..data.shards import image_folder_files, write_shards
 from ..data.synthetic import make_synthetic_images
 

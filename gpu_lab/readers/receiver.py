@@ -1,7 +1,8 @@
 """Subscriber side of the event stream: one background thread per process follows any number of runs.
 
-A run's recorder (in its supervisor) writes every event to the registry and then publishes it, with
-its sequence number, on a PUB socket. This thread holds one SUB socket connected to the recorders
+A run's recorder (a fresh interpreter the run's supervisor starts; in a headless job, a thread of
+each rank) writes every event to the registry and then publishes it, with its sequence number, on a
+PUB socket. This thread holds one SUB socket connected to the recorders
 of the runs it follows and hands each run's new events, in sequence order and exactly once, to that
 run's subscribers (a Run handle, widgets). What the live socket misses (events before the
 subscription took hold, a slow subscriber's overflow, a run without a publisher such as a headless

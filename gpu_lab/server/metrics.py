@@ -1,4 +1,4 @@
-"""Prometheus exposition of GPU, host and run metrics (Article B: "Prometheus + Grafana").
+"""Prometheus exposition of GPU, host and run metrics, for a Prometheus server that Grafana reads.
 
 Built on demand for each scrape from the shared sampler's latest sample and the run registry, in the
 extension's thread pool. Three families, each switched by a GpuLabServer setting (settings.py):

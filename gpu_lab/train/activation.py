@@ -1,6 +1,6 @@
 """Activation checkpointing: keep only block inputs in the forward pass, recompute the rest in the
 backward pass (`torch.utils.checkpoint`, non-reentrant). Less activation memory for more compute
-(Article A claims −40% memory for +25% time; `activation_peak` measures it on your model).
+(often quoted as −40% memory for +25% time; `activation_peak` measures it on your model).
 
 `enable(model)` swaps the forward of each residual / transformer block (torchvision ResNet
 BasicBlock and Bottleneck, ViT EncoderBlock, gpu_lab's tiny blocks) for a checkpointed one, and

@@ -1,4 +1,4 @@
-"""Guards: callbacks that keep a run from losing work (Article A's spot-instance and memory advice).
+"""Guards: callbacks that keep a run from losing work to a preempted spot instance, a full GPU or a NaN.
 
 - PreemptionGuard: SIGTERM / SIGUSR1 set a flag; the ranks agree at the next step boundary, save a
   checkpoint and leave with exit code 143 (128 + SIGTERM, what schedulers expect).

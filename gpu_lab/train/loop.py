@@ -72,7 +72,7 @@ def release_accelerator_state() -> None:
 
 
 def powersgd_handler(total_steps: int):
-    """DDP kwargs that register the PowerSGD hook (Article A: −70% gradient traffic).
+    """DDP kwargs that register the PowerSGD hook (low-rank gradients: far less all-reduce traffic).
 
     PowerSGD runs plain all-reduce for its first `start_powerSGD_iter` iterations (the gradients
     are still large and noisy), then rank-1 compression with error feedback; here that warm-up is

@@ -22,8 +22,8 @@ def param_groups(model, weight_decay: float) -> list[dict]:
 
 def build_optimizer(model, config, *, zero: bool = False):
     """The optimizer TrainConfig asks for. With `zero`, a ZeroRedundancyOptimizer that keeps on each
-    rank only its shard of the optimizer state (Article B: ZeRO-1; Adam's two moments are 2×
-    the fp32 weights, so with N ranks each saves ≈ (N-1)/N of that) — needs a process group."""
+    rank only its shard of the optimizer state (ZeRO stage 1; Adam's two moments are 2× the fp32
+    weights, so with N ranks each saves ≈ (N-1)/N of that) — needs a process group."""
     import torch
 
     kind = str(config.optimizer)

@@ -1,5 +1,5 @@
-"""A torch.profiler window over a few optimizer steps (Article A: "use Nsight Systems to find
-the compute bottleneck" — torch.profiler is the in-process equivalent).
+"""A torch.profiler window over a few optimizer steps: where the compute time goes, as Nsight
+Systems would show it, from inside the process.
 
 The trace lands in `<output_dir>/profile/rank<r>.<ns>.pt.trace.json`, Chrome trace format: open it
 at https://ui.perfetto.dev (drag and drop) or chrome://tracing, or point TensorBoard's profile

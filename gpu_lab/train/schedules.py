@@ -1,7 +1,7 @@
 """Learning-rate schedules as pure functions of the optimizer step (nanoGPT's `get_lr` style).
 
 Every schedule is `multiplier(step) -> float` applied to the peak lr, with a linear warmup over the
-first `warmup_ratio` of the steps (Article A: the first 5%, then cosine). Being pure functions
+first `warmup_ratio` of the steps (the default: the first 5%, then cosine). Being pure functions
 of the step, resuming a run restores the schedule by restoring the step counter alone; the
 LambdaLR wrapper exists so that the optimizer's lr and checkpoints look like any PyTorch run.
 """

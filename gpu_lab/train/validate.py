@@ -22,7 +22,7 @@ class ConfigError(ValueError):
 
 
 def as_config(config: TrainConfig | Mapping[str, Any] | None = None, **overrides: Any) -> TrainConfig:
-    """A TrainConfig from a TrainConfig, a dict (Article A's key names accepted) or keywords."""
+    """A TrainConfig from a TrainConfig, a dict (other tools' key names accepted) or keywords."""
     if config is None:
         return TrainConfig.from_dict(overrides)
     if isinstance(config, TrainConfig):

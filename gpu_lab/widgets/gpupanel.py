@@ -3,7 +3,7 @@ and a compact table of current values.
 
 It listens to the process-wide telemetry sampler (one thread for every panel and the server
 extension) and redraws on that thread, at most `max_hz` times a second, one batch_update per figure.
-It highlights what Article A and Article B warn about: memory at or above 95% (the next
+It highlights the two usual warnings: memory at or above 95% (the next
 allocation may OOM) and utilisation below 70% (the GPU waits, usually for data).
 Host metrics are always shown, so the panel says something useful on a machine without a GPU.
 """

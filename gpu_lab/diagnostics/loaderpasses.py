@@ -1,6 +1,8 @@
-"""One pass of each thing the loader benchmark compares (`gpu_lab.diagnostics.loaderbench`): the per-file
-loaders, the pipeline limit on one core and in parallel, the naive path on one core, and the
-data-wait fraction of a small training loop. Each pass gives img/s and images per CPU-second."""
+"""One pass of each thing the loader benchmark compares (`gpu_lab.diagnostics.loaderbench`,
+`gpu-lab bench loader`): the naive path (ImageFolder + PIL, the baseline users start from), the
+per-file loader on gpu_lab's decode path, the pipeline limit on one core and in parallel, and the
+data-wait fraction of a small training loop. Each pass gives img/s and images per CPU-second.
+bench/ reuses these passes for its own, longer measurements."""
 from __future__ import annotations
 
 import gc
@@ -15,8 +17,8 @@ from typing import Callable, Iterable, Iterator
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from .shards import image_folder_files
-from .transforms import build_pil_transform, build_transform, decode, normalize_batch
+from ..data.shards import image_folder_files
+from ..data.transforms import build_pil_transform, build_transform, decode, normalize_batch
 
 
 class _FileBytes(Dataset):
