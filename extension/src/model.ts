@@ -11,6 +11,8 @@ import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 import { ISignal, Signal } from '@lumino/signaling';
 
+import { ACTIVE_STATUSES, DEFAULT_POINTS, RunStatus } from './facts';
+
 /** Host stats, named as gpu_lab.telemetry names them. */
 export interface IHostStats {
   cpu_pct?: number | null;
@@ -42,16 +44,8 @@ export interface ISample {
   gpus: IGpuStats[];
 }
 
-export type RunStatus =
-  | 'pending'
-  | 'running'
-  | 'stopping'
-  | 'succeeded'
-  | 'failed'
-  | 'stopped'
-  | 'lost';
-
-export const ACTIVE_STATUSES: ReadonlyArray<RunStatus> = ['pending', 'running', 'stopping'];
+export type { RunStatus };
+const ACTIVE: ReadonlyArray<RunStatus> = ACTIVE_STATUSES;
 
 export interface IRun {
   id: string;
@@ -291,7 +285,7 @@ export class GpuLabModel {
     return out;
   }
 
-  getRun(id: string, points = 1000): Promise<IRunDetail> {
+  getRun(id: string, points = DEFAULT_POINTS): Promise<IRunDetail> {
     return requestAPI<IRunDetail>(`api/runs/${encodeURIComponent(id)}?points=${points}`);
   }
 
@@ -305,7 +299,7 @@ export class GpuLabModel {
     );
   }
 
-  compare(ids: string[], points = 1000): Promise<ICompare> {
+  compare(ids: string[], points = DEFAULT_POINTS): Promise<ICompare> {
     const runs = ids.map(encodeURIComponent).join(',');
     return requestAPI<ICompare>(`api/compare?runs=${runs}&points=${points}`);
   }
@@ -463,7 +457,7 @@ export function formatPct(v: number | null | undefined): string {
 }
 
 export function isActive(status: RunStatus): boolean {
-  return ACTIVE_STATUSES.includes(status);
+  return ACTIVE.includes(status);
 }
 
 /** "2h05m", "3m07s", "12s". */

@@ -10,6 +10,7 @@
 import { ISignal, Signal } from '@lumino/signaling';
 
 import { BoundedSeries } from './decimate';
+import { DEFAULT_POINTS, MAX_TELEMETRY_HISTORY, MEAN } from './facts';
 import {
   GpuLabModel,
   IFailure,
@@ -23,15 +24,14 @@ import {
   ISeriesPoints
 } from './model';
 
-/** Points kept per series in the browser (the server sends at most this many to start with). */
-export const POINTS = 1000;
+/** Points kept per series in the browser: twice what the server sends to start with. */
+const KEEP_POINTS = 2 * DEFAULT_POINTS;
 /** Characters of each log kept in the view (its tail). */
 export const LOG_KEEP = 200_000;
 const NOTES_KEEP = 200;
 /** Seconds of telemetry before a run's start and after its end that the view keeps. */
 const TELEMETRY_MARGIN = 5;
 const POLL_MS = 2000;
-export const MEAN = 'mean';
 
 export type Change = 'row' | 'series' | 'logs' | 'notes' | 'telemetry' | 'error';
 
@@ -49,7 +49,8 @@ export interface ILogBuffer {
 /**
  * The mean over ranks of each metric at each step, emitted in step order: a step goes once every
  * rank reported it, or once a step `window` steps newer arrived (a rank that dropped a report must
- * not hold the mean back). The same rule as gpu_lab/server/runview.py's MeanByStep.
+ * not hold the mean back). Each step's mean is over the ranks that reported it, as the server's
+ * opening series compute it (gpu_lab.record.levels.mean_of_ranks at full resolution).
  */
 export class MeanByStep {
   constructor(
@@ -170,10 +171,10 @@ export class RunViewModel {
 
   /** Load the run, then follow it live. Throws if the run cannot be loaded. */
   async open(): Promise<void> {
-    const detail = await this.lab.getRun(this.runId, POINTS);
+    const detail = await this.lab.getRun(this.runId, DEFAULT_POINTS);
     this._applyDetail(detail);
     try {
-      const tel = await this.lab.telemetryHistory(600);
+      const tel = await this.lab.telemetryHistory(MAX_TELEMETRY_HISTORY);
       tel.history.forEach(s => this._addSample(s));
       this._changed.emit('telemetry');
     } catch (error) {
@@ -358,7 +359,7 @@ export class RunViewModel {
     }
     let s = byKey.get(key);
     if (!s) {
-      s = new BoundedSeries(2 * POINTS);
+      s = new BoundedSeries(KEEP_POINTS);
       byKey.set(key, s);
     }
     return s;
@@ -387,7 +388,7 @@ export class RunViewModel {
       }
       let series = this.telemetry.get(key);
       if (!series) {
-        series = new BoundedSeries(2 * POINTS);
+        series = new BoundedSeries(KEEP_POINTS);
         this.telemetry.set(key, series);
       }
       if (series.length && t <= series.times[series.length - 1]) {

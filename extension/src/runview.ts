@@ -11,7 +11,8 @@ import { IChartSeries, PALETTE, SeriesChart, themeColor, ZoomGroup } from './cha
 import { BoundedSeries } from './decimate';
 import { el } from './dom';
 import { formatDuration, IRun, isActive } from './model';
-import { Change, MEAN, RunViewModel } from './runmodel';
+import { MEAN } from './facts';
+import { Change, RunViewModel } from './runmodel';
 
 const REDRAW_MS = 250;
 
