@@ -1,4 +1,4 @@
-"""Training functions for the export, run_entry and multi-node tests: tiny, CPU-only, a few seconds.
+"""Training functions for the export, headless-entry and multi-node tests: tiny, CPU-only, a few seconds.
 
 They are addressed as `export_fns:<name>` (tests/ is put on PYTHONPATH), the way a user addresses
 their own `module:function` in an exported command.
@@ -75,7 +75,7 @@ def train_until_preempted(config=None):
 
 
 def sigterm_self(config=None, sig=signal.SIGTERM):
-    """A plain function (no fit, no guard) that gets SIGTERM: run_entry records 'stopped'."""
+    """A plain function (no fit, no guard) that gets SIGTERM: the headless entry records 'stopped'."""
     gpu_lab.report(0, loss=1.0)
     os.kill(os.getpid(), sig)
     time.sleep(30)
@@ -95,7 +95,7 @@ def raises(config=None):
 
 
 def report_only(config=None):
-    """No torch: a quick function for the single-process run_entry tests."""
+    """No torch: a quick function for the single-process headless-entry tests."""
     for step in range(int(getattr(config, "max_steps", None) or 3)):
         gpu_lab.report(step, loss=1.0 / (step + 1))
     return "done"

@@ -216,8 +216,8 @@ def test_a_forger_without_the_key_neither_writes_nor_reads_a_run(tmp_path):
 
 
 def test_a_headless_rank_records_through_a_key_of_its_own(tmp_path):
-    """run_entry: the rank's recorder (in its own process) makes its own key, which no other
-    process gets; a forger with the address writes nothing into the record."""
+    """gpu_lab.rank.headless: the rank's recorder (in the rank's own process) makes its own key,
+    which no other process gets; a forger with the address writes nothing into the record."""
     out, go = tmp_path / "signals", tmp_path / "go"
     out.mkdir()
     env = {**os.environ, "TEST_GO": str(go), "TEST_OUT": str(out),

@@ -11,7 +11,7 @@ from gpu_lab.record.registry import Registry
 def _open_and_write(path: str, start, i: int) -> None:
     start.wait()  # every process opens the fresh database at the same moment
     Registry(path).create_run(f"run-{i}", name=f"p{i}", num_processes=1)
-    Registry(path).set_status(f"run-{i}", "running")  # a second handle, as run_entry makes
+    Registry(path).set_status(f"run-{i}", "running")  # a second handle, as a headless rank makes
 
 
 def test_many_processes_open_a_fresh_registry_at_once(tmp_path: Path):
