@@ -1,7 +1,7 @@
 """Each shared fact has one home in gpu_lab/, user-visible text gives advice rather than citations,
-and long modules say why they are long. These scan the package's sources as text and syntax trees:
-a second copy of a fact, a "seed 000 §2.2" in a message, or a 600-line module without a reason
-fails them."""
+long modules say why they are long, and no function is long. These scan the package's sources as
+text and syntax trees: a second copy of a fact, a "seed 000 §2.2" in a message, a 600-line module
+without a reason or a 100-line function fails them."""
 from __future__ import annotations
 
 import ast
@@ -10,6 +10,7 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "gpu_lab"
 MAX_LINES = 450
+MAX_FUNCTION_LINES = 80
 
 
 def _sources() -> dict[str, str]:
@@ -94,6 +95,19 @@ def test_long_modules_say_why():
     unexplained = [f"{f} ({n} lines)" for f, n in long
                    if not any(ln.startswith("# Long: ") for ln in _sources()[f].splitlines()[:3])]
     assert not unexplained, "\n".join(unexplained)
+
+
+def test_no_long_functions():
+    """No function or method is over 80 lines, signature and docstring included: a long one is
+    split into named steps (new code aims at 60)."""
+    long = []
+    for f, text in _sources().items():
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    long.append(f"{f}:{node.lineno}: {node.name} ({n} lines)")
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(long)
 
 
 def test_readme_is_a_front_page():

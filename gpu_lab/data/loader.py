@@ -551,6 +551,41 @@ def shard_loader(urls: str | list, batch_size: int, train: bool = True, image_si
     timeout: seconds to wait for the workers' next batch before failing with LoaderStallError (a
         read that never returns, a stuck worker); 0 waits forever. Ignored with num_workers=0.
     """
+    out_kind, target = _checked_options(batch_size, num_workers, timeout, shuffle_buffer, augment,
+                                        output, device)
+    transform = build_transform(train, image_size, augment, crop_scale, normalize=False)
+    on_device = gpu_decode.plan(decode, transform=transform, augment=augment, train=train,
+                                device=target)
+    handover, decoder, target = (None, None, target) if on_device is None else on_device
+    policy = _policy(handler)
+    rank, world_size = dist_info(rank, world_size)
+    shards, manifest = resolve_shards(urls)
+    if train and not resampled:
+        _check_enough_shards(len(shards), world_size, num_workers)
+    counts = _shard_counts(shards, manifest)
+    batches_per_epoch, batches_per_worker = _epoch_batches(resampled, epoch_size, manifest,
+                                                           world_size * batch_size, num_workers)
+    workers = worker_options(multiprocessing_context)
+    dataset = ShardDataset(
+        shards, counts=counts, rank=rank, world_size=world_size,
+        train=train, shard_shuffle=train if shard_shuffle is None else shard_shuffle,
+        resampled=resampled, seed=seed, shuffle_buffer=shuffle_buffer,
+        transform=transform, batch_size=batch_size, partial=not drop_last, handler=policy,
+        stats=LoaderStats(workers["multiprocessing_context"]), return_keys=return_keys,
+        batches_per_worker=batches_per_worker, handover=handover)
+    loader = _worker_loader(dataset, num_workers, pin_memory, prefetch_factor, timeout, workers)
+    return ShardLoader(dataset, loader, num_workers=num_workers, batches_per_epoch=batches_per_epoch,
+                       manifest=manifest, output=out_kind, device=target,
+                       image_shape=None if decoder else (3, image_size, image_size),
+                       decoder=decoder,
+                       # the batches a worker can have in flight, plus what the caller and the
+                       # pin-memory thread hold; beyond that a worker falls back to a fresh segment
+                       ring_slots=prefetch_factor + 3)
+
+
+def _checked_options(batch_size, num_workers, timeout, shuffle_buffer, augment, output,
+                     device) -> tuple[Output, torch.device | None]:
+    """shard_loader's scalar options checked; returns (the output kind, the target device)."""
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size={batch_size!r}: expected a positive int")
     if not isinstance(num_workers, int) or num_workers < 0:
@@ -565,67 +600,56 @@ def shard_loader(urls: str | list, batch_size: int, train: bool = True, image_si
     except ValueError:
         raise ValueError(f"output={output!r}: expected one of {Output.choices()}") from None
     try:
-        target = None if device is None else torch.device(device)
+        return out_kind, None if device is None else torch.device(device)
     except (RuntimeError, TypeError):
         raise ValueError(f"device={device!r}: expected None, a torch.device or a device string "
                          f"such as 'cpu', 'cuda' or 'cuda:1'") from None
-    transform = build_transform(train, image_size, augment, crop_scale, normalize=False)
-    handover = decoder = None
-    on_device = gpu_decode.plan(decode, transform=transform, augment=augment, train=train,
-                                device=target)
-    if on_device is not None:
-        handover, decoder, target = on_device
-    policy = _policy(handler)
-    rank, world_size = dist_info(rank, world_size)
-    shards, manifest = resolve_shards(urls)
+
+
+def _check_enough_shards(n_shards: int, world_size: int, num_workers: int) -> None:
+    """Training without resampling: every reader (rank x worker) needs a shard of its own."""
     readers = world_size * max(1, num_workers)
-    if train and not resampled and len(shards) < readers:
+    if n_shards < readers:
         raise ValueError(
-            f"{len(shards)} shard(s) for {world_size} rank(s) x {max(1, num_workers)} worker(s) = "
+            f"{n_shards} shard(s) for {world_size} rank(s) x {max(1, num_workers)} worker(s) = "
             f"{readers} readers: every reader needs at least one shard, or it yields nothing (and "
             f"under DDP the other ranks hang waiting for it). Write at least {readers} shards "
             f"(write_shards(..., maxcount=<fewer samples per shard>)), use fewer workers, or pass "
             f"resampled=True with epoch_size.")
-    counts = None
-    if manifest is not None:
-        by_name = manifest.counts()
-        counts = {u: by_name[Path(u).name] for u in shards}
 
-    batches_per_epoch = batches_per_worker = None
-    if resampled:
-        if epoch_size is None:
-            if manifest is None:
-                raise ValueError("resampled=True needs epoch_size (samples per epoch over all ranks) "
-                                 "when the shards have no manifest")
-            epoch_size = manifest.num_samples
-        if not isinstance(epoch_size, int) or epoch_size < 1:
-            raise ValueError(f"epoch_size={epoch_size!r}: expected a positive int (samples per epoch, "
-                             f"all ranks together)")
-        batches_per_epoch = max(1, epoch_size // (world_size * batch_size))
-        batches_per_worker = math.ceil(batches_per_epoch / max(1, num_workers))
-    elif epoch_size is not None:
-        raise ValueError("epoch_size is only used with resampled=True (without resampling an epoch "
-                         "is one pass over the shards)")
 
-    workers = worker_options(multiprocessing_context)
-    ctx = workers["multiprocessing_context"]
-    dataset = ShardDataset(
-        shards, counts=counts, rank=rank, world_size=world_size, train=train,
-        shard_shuffle=train if shard_shuffle is None else shard_shuffle, resampled=resampled,
-        seed=seed, shuffle_buffer=shuffle_buffer,
-        transform=transform, batch_size=batch_size, partial=not drop_last, handler=policy,
-        stats=LoaderStats(ctx), return_keys=return_keys, batches_per_worker=batches_per_worker,
-        handover=handover)
+def _shard_counts(shards: list[str], manifest: ShardManifest | None) -> dict[str, int] | None:
+    if manifest is None:
+        return None
+    by_name = manifest.counts()
+    return {u: by_name[Path(u).name] for u in shards}
+
+
+def _epoch_batches(resampled: bool, epoch_size: int | None, manifest: ShardManifest | None,
+                   global_batch: int, num_workers: int) -> tuple[int | None, int | None]:
+    """(batches per epoch per rank, per worker) of a resampled loader; (None, None) otherwise."""
+    if not resampled:
+        if epoch_size is not None:
+            raise ValueError("epoch_size is only used with resampled=True (without resampling an "
+                             "epoch is one pass over the shards)")
+        return None, None
+    if epoch_size is None:
+        if manifest is None:
+            raise ValueError("resampled=True needs epoch_size (samples per epoch over all ranks) "
+                             "when the shards have no manifest")
+        epoch_size = manifest.num_samples
+    if not isinstance(epoch_size, int) or epoch_size < 1:
+        raise ValueError(f"epoch_size={epoch_size!r}: expected a positive int (samples per epoch, "
+                         f"all ranks together)")
+    batches_per_epoch = max(1, epoch_size // global_batch)
+    return batches_per_epoch, math.ceil(batches_per_epoch / max(1, num_workers))
+
+
+def _worker_loader(dataset: ShardDataset, num_workers: int, pin_memory: bool | None,
+                   prefetch_factor: int, timeout: float, workers: dict) -> DataLoader:
     kw: dict[str, Any] = {}
     if num_workers > 0:
         # a Stop or a preemption is for the training process: it checkpoints, then ends them
         kw.update(prefetch_factor=prefetch_factor, timeout=float(timeout), **workers)
-    loader = DataLoader(dataset, batch_size=None, num_workers=num_workers,
-                        pin_memory=_default_pin_memory() if pin_memory is None else pin_memory, **kw)
-    return ShardLoader(dataset, loader, num_workers=num_workers, batches_per_epoch=batches_per_epoch,
-                       manifest=manifest, output=out_kind, device=target,
-                       image_shape=None if decoder else (3, image_size, image_size),
-                       decoder=decoder,
-                       # the batches a worker can have in flight, plus what the caller and the
-                       # pin-memory thread hold; beyond that a worker falls back to a fresh segment
-                       ring_slots=prefetch_factor + 3)
+    return DataLoader(dataset, batch_size=None, num_workers=num_workers,
+                      pin_memory=_default_pin_memory() if pin_memory is None else pin_memory, **kw)

@@ -1,3 +1,4 @@
+# Long: writing shards, their manifest and finding them again share one format, kept in one file.
 """WebDataset shards on disk: write them from an ImageFolder tree, describe them in a manifest, find them.
 
 Small files are merged into WebDataset shards: a shard is a plain tar file whose
@@ -321,48 +322,15 @@ def write_shards(source: str | os.PathLike | Iterable, out_dir: str | os.PathLik
     if any(out.glob(f"{prefix}-*.tar*")):
         raise FileExistsError(f"out_dir={str(out)!r} already holds {prefix}-*.tar shards; write to an "
                               f"empty directory (old and new shards would mix)")
-    total: int | None = None
-    if isinstance(source, (str, os.PathLike)):
-        root = Path(source)
-        classes_found, files = image_folder_files(root)
-        if shuffle:
-            random.Random(seed).shuffle(files)
-        classes = classes or classes_found
-        total = len(files)
-        samples: Iterator[_Sample] = _folder_samples(root, files, classes_found, include_json)
-    else:
-        samples = _iterable_samples(source, include_json)
-        total = len(source) if hasattr(source, "__len__") else None
-
+    samples, total, classes = _samples_of(source, shuffle, seed, classes, include_json)
     ext = ".tar.zst" if compress == "zstd" else ".tar"
     from tqdm import tqdm  # plain tqdm: data code never imports ipywidgets (tqdm.auto would)
 
     t0 = time.perf_counter()
-    shards: list[ShardInfo] = []
-    labels_seen: set[int] = set()
-    image_bytes, n = 0, 0
-    current: _ShardFile | None = None
     with tqdm(total=total, desc="write_shards", unit="img", disable=not progress) as bar:
-        for s in samples:
-            members = [(f"{s.key}.{s.ext}", s.data), (f"{s.key}.cls", str(s.label).encode())]
-            if s.meta is not None:
-                members.append((f"{s.key}.json", json.dumps(s.meta, sort_keys=True).encode()))
-            size = sum(_tar_member_size(len(d)) for _, d in members)
-            if current is not None and (current.count >= maxcount or
-                                        (current.count > 0 and current.size + size + 1024 > maxsize)):
-                shards.append(current.close())
-                current = None
-            if current is None:
-                current = _ShardFile(out / f"{prefix}-{len(shards):06d}{ext}", compress, zstd_level)
-            for name, data in members:
-                current.add(name, data)
-            current.count += 1
-            n += 1
-            labels_seen.add(s.label)
-            image_bytes += len(s.data)
-            bar.update()
-    if current is not None:
-        shards.append(current.close())
+        shards, n, labels_seen, image_bytes = _fill_shards(
+            samples, lambda i: _ShardFile(out / f"{prefix}-{i:06d}{ext}", compress, zstd_level),
+            maxcount, maxsize, bar.update)
     if n == 0:
         raise ValueError("source yielded no samples")
     if classes is None:
@@ -373,6 +341,49 @@ def write_shards(source: str | os.PathLike | Iterable, out_dir: str | os.PathLik
     tmp.write_text(manifest.to_json())
     os.replace(tmp, out / MANIFEST_NAME)  # written last: a manifest means the set is complete
     return WriteReport(manifest=manifest, out_dir=out, seconds=time.perf_counter() - t0)
+
+
+def _samples_of(source, shuffle: bool, seed: int, classes: list[str] | None, include_json: bool):
+    """(samples, how many or None, class names or None) of write_shards' `source`."""
+    if not isinstance(source, (str, os.PathLike)):
+        return (_iterable_samples(source, include_json),
+                len(source) if hasattr(source, "__len__") else None, classes)
+    root = Path(source)
+    classes_found, files = image_folder_files(root)
+    if shuffle:
+        random.Random(seed).shuffle(files)
+    return (_folder_samples(root, files, classes_found, include_json), len(files),
+            classes or classes_found)
+
+
+def _fill_shards(samples: Iterable[_Sample], new_shard, maxcount: int, maxsize: int, tick):
+    """Every sample into shards `new_shard(0)`, `new_shard(1)`, ...; returns (the shards' infos,
+    samples written, labels seen, image bytes)."""
+    shards: list[ShardInfo] = []
+    labels_seen: set[int] = set()
+    image_bytes, n = 0, 0
+    current: _ShardFile | None = None
+    for s in samples:
+        members = [(f"{s.key}.{s.ext}", s.data), (f"{s.key}.cls", str(s.label).encode())]
+        if s.meta is not None:
+            members.append((f"{s.key}.json", json.dumps(s.meta, sort_keys=True).encode()))
+        size = sum(_tar_member_size(len(d)) for _, d in members)
+        if current is not None and (current.count >= maxcount or
+                                    (current.count > 0 and current.size + size + 1024 > maxsize)):
+            shards.append(current.close())
+            current = None
+        if current is None:
+            current = new_shard(len(shards))
+        for name, data in members:
+            current.add(name, data)
+        current.count += 1
+        n += 1
+        labels_seen.add(s.label)
+        image_bytes += len(s.data)
+        tick()
+    if current is not None:
+        shards.append(current.close())
+    return shards, n, labels_seen, image_bytes
 
 
 # ---------------------------------------------------------------------------------------- reading

@@ -1,3 +1,5 @@
+# Long: the writer, its storage-failure diagnosis, pruning and the readers share one on-disk
+# layout and its atomicity rules.
 """Atomic checkpoint directories: a crash or a SIGKILL at any moment never leaves a checkpoint that
 resume would pick and then fail to load.
 
@@ -155,24 +157,10 @@ def save_checkpoint(root: str | os.PathLike, step: int, files: Mapping[str, Writ
     if need is not None and free is not None and need > free:
         raise failure("space", free)
     tmp = root / f".tmp-{name}-{os.getpid()}-{secrets.token_hex(4)}"
+    final = root / name
     try:
         tmp.mkdir()
-        entries = {}
-        for fname, writer in files.items():
-            if not _FILE.match(fname) or fname == MANIFEST:
-                raise ValueError(f"checkpoint file name {fname!r}: expected letters, digits, '._-' "
-                                 f"and not {MANIFEST!r}")
-            p = tmp / fname
-            writer(p)
-            if not p.is_file():
-                raise CheckpointError(f"checkpoint writer for {fname!r} did not create {p}")
-            fsync_file(p)
-            entries[fname] = {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
-        manifest = {"format": FORMAT, "step": int(step), "created": time.time(),
-                    "files": entries, "meta": dict(meta or {})}
-        write_json(tmp / MANIFEST, manifest)  # last: its presence means every file above is whole
-        fsync_dir(tmp)
-        final = root / name
+        _write_files(tmp, step, files, meta)
         if final.exists():  # re-saving a step (e.g. a resumed run): move the old one aside first
             _discard(final)
         os.rename(tmp, final)
@@ -181,27 +169,57 @@ def save_checkpoint(root: str | os.PathLike, step: int, files: Mapping[str, Writ
         written = _tree_bytes(tmp)
         left = free_space(root)  # before the temp dir goes: what the failed write had left
         shutil.rmtree(tmp, ignore_errors=True)
-        reason = _storage_reason(e) if isinstance(e, Exception) else None
-        if reason is None and isinstance(e, Exception) and left is not None:
-            # some writers say nothing useful on a full disk (torch.save: "unexpected pos ..."):
-            # a file system without room for the rest of the checkpoint is the explanation
-            if left < max((need or 0) - written, _FULL):
-                reason = "space"
+        reason = _write_failure_reason(e, left, (need or 0) - written)
         if reason is not None:
-            # a failed torch.save keeps its file open from the frames of its tracebacks, and an
-            # unlinked open file keeps its space: drop the frames' locals to give it back now
-            chained: BaseException | None = e
-            for _ in range(16):  # a chain is short; the bound guards against a hand-made cycle
-                if chained is None:
-                    break
-                traceback.clear_frames(chained.__traceback__)
-                chained = chained.__cause__ or chained.__context__
+            _drop_frames(e)
             raise failure(reason, free, f"{type(e).__name__}: {e} (after writing {written:,} "
                                         f"bytes)") from e
         raise
     if keep_last is not None:
         prune(root, keep_last)
     return final
+
+
+def _write_files(tmp: Path, step: int, files: Mapping[str, Writer], meta: Mapping | None) -> None:
+    """Every file into `tmp`, fsynced, then the manifest that lists them, then `tmp` itself."""
+    entries = {}
+    for fname, writer in files.items():
+        if not _FILE.match(fname) or fname == MANIFEST:
+            raise ValueError(f"checkpoint file name {fname!r}: expected letters, digits, '._-' "
+                             f"and not {MANIFEST!r}")
+        p = tmp / fname
+        writer(p)
+        if not p.is_file():
+            raise CheckpointError(f"checkpoint writer for {fname!r} did not create {p}")
+        fsync_file(p)
+        entries[fname] = {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
+    manifest = {"format": FORMAT, "step": int(step), "created": time.time(),
+                "files": entries, "meta": dict(meta or {})}
+    write_json(tmp / MANIFEST, manifest)  # last: its presence means every file above is whole
+    fsync_dir(tmp)
+
+
+def _write_failure_reason(e: BaseException, left: int | None, still_needed: int) -> str | None:
+    """The storage reason a failed write gives, or None (then it is not a storage failure)."""
+    if not isinstance(e, Exception):
+        return None
+    reason = _storage_reason(e)
+    if reason is None and left is not None and left < max(still_needed, _FULL):
+        # some writers say nothing useful on a full disk (torch.save: "unexpected pos ..."):
+        # a file system without room for the rest of the checkpoint is the explanation
+        reason = "space"
+    return reason
+
+
+def _drop_frames(e: BaseException) -> None:
+    """A failed torch.save keeps its file open from the frames of its tracebacks, and an unlinked
+    open file keeps its space: drop the frames' locals to give it back now."""
+    chained: BaseException | None = e
+    for _ in range(16):  # a chain is short; the bound guards against a hand-made cycle
+        if chained is None:
+            break
+        traceback.clear_frames(chained.__traceback__)
+        chained = chained.__cause__ or chained.__context__
 
 
 # below this many free bytes a file system counts as full when a write fails without a reason

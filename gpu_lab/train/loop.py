@@ -9,15 +9,21 @@ asked for (checkpoint, stop, preemption, memory, NaN), act on it. The same funct
 gpu_lab.launch, bare `accelerate.notebook_launcher` and `torchrun`: it creates its Accelerator
 through `gpu_lab.accelerator()` (gloo on CPU-only hosts) and reports through `gpu_lab.report`,
 which is a no-op outside a gpu_lab launch.
+
+The loop's state has three parts: `_Setup`, frozen, what was prepared once (model, optimizer,
+scheduler, loaders, callbacks, the config's constants; an OOM retry replaces it with a smaller
+micro-batch); `TrainState`, the position the callbacks see (step, epoch, data position, samples
+seen, loss, lr); `_Progress`, the loop's own counters (the last step boundary, what was saved and
+evaluated when, throughput). Each step below takes them explicitly.
 """
 from __future__ import annotations
 
 import logging
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, NamedTuple
 
 from ..record import get_reporter, report
 from . import activation, oom
@@ -92,31 +98,39 @@ def default_loss(outputs, targets):
     return cross_entropy(outputs, targets)
 
 
-@dataclass
-class _Loop:
-    """Everything the loop's steps share: what fit() built (the prepared model, optimizer, ...)
-    and the loop's own state, which survives an OOM retry (what a restart from a step boundary
-    needs). TrainState is the part the callbacks see."""
+@dataclass(frozen=True)
+class _Setup:
+    """What fit() prepared once and the loop only reads: the prepared model, optimizer, scheduler
+    and loaders, the callbacks, and the config's constants. An OOM retry replaces it with one of a
+    smaller micro-batch (dataclasses.replace); nothing else changes it."""
 
-    acc: Any = None
-    model: Any = None
-    optimizer: Any = None
-    scheduler: Any = None
-    state: TrainState | None = None
-    cbs: CallbackList | None = None
-    cfg: Any = None
-    loss_fn: Callable | None = None
-    eval_loader: Any = None
-    train_data: Any = None
-    pin: bool = False
-    loader: Any = None
-    per_rank: bool = False       # the loader yields this rank's batches already (shard_loader)
-    micro: int = 0
-    accum: int = 1
+    acc: Any
+    model: Any
+    optimizer: Any
+    scheduler: Any
+    cfg: Any
+    cbs: CallbackList
+    loss_fn: Callable
+    train_data: Any              # what the caller gave: an OOM retry rebuilds the loader from it
+    loader: Any
+    per_rank: bool               # the loader yields this rank's batches already (shard_loader)
+    eval_loader: Any
+    pin: bool                    # pinned host memory for the loaders (a CUDA device)
+    micro: int                   # per-device micro-batch
+    accum: int                   # micro-batches per optimizer step
+    total_steps: int
+
+
+@dataclass
+class _Progress:
+    """The loop's own bookkeeping beside TrainState (which holds the step, epoch, data position and
+    samples seen that the callbacks read); it survives an OOM retry, which restarts from a step
+    boundary."""
+
     boundary_batch: int = 0      # data position (micro-batches in epoch) at the last step boundary
     pending_rng: Any = None      # RNG states to apply right before the first step after a resume
     steps_time: float = 0.0      # time inside optimizer steps (for the overall samples/s)
-    run_samples: int = 0
+    timed_samples: int = 0       # samples over all ranks in those steps
     last_saved_step: int = -1
     last_eval_step: int = -1
     eval_metrics: dict = field(default_factory=dict)
@@ -153,16 +167,47 @@ def fit(model, train_data, config, eval_data=None, callbacks: Iterable[Callback]
 
 
 def _fit(acc, model, train_data, cfg, eval_data, callbacks, loss_fn, guards, out_dir, t_start):
-    import torch
+    """fit() once its Accelerator exists: prepare, resume, train, then evaluate and save last."""
     from accelerate.utils import set_seed
 
     set_seed(cfg.seed)
+    setup = _prepare(acc, model, train_data, cfg, eval_data, callbacks, loss_fn, guards)
+    state = TrainState(config=cfg, accelerator=acc, model=setup.model, optimizer=setup.optimizer,
+                       scheduler=setup.scheduler, total_steps=setup.total_steps,
+                       micro_batch_size=setup.micro, grad_accum_steps=setup.accum,
+                       output_dir=out_dir, lr=setup.scheduler.get_last_lr()[0],
+                       is_main_process=acc.is_main_process, rank=acc.process_index)
+    progress = _Progress()
+    resumed_from = _resume(setup, state, progress)
+    if cfg.tensorboard:
+        acc.init_trackers(os.environ.get("GPU_LAB_RUN_ID") or "run", config=_hparams(cfg))
+
+    setup.cbs.call("on_fit_start", state)
+    try:
+        setup = _train_retrying_smaller(setup, state, progress)
+        # --- the end: final evaluation and checkpoint ----------------------------------------------
+        if setup.eval_loader is not None and progress.last_eval_step != state.step:
+            _evaluate(setup, state, progress)
+        if progress.last_saved_step != state.step:
+            _save(setup, state, progress, "final")
+    except BaseException as exc:
+        if not isinstance(exc, Preempted):  # a preemption already ran on_fit_end
+            setup.cbs.call("on_exception", state, exc)
+        raise
+
+    summary = _summary(setup, state, progress, t_start, resumed_from)
+    setup.cbs.call("on_fit_end", state, summary)
+    return summary
+
+
+def _prepare(acc, model, train_data, cfg, eval_data, callbacks, loss_fn, guards) -> _Setup:
+    """Model, optimizer, loaders and schedule, prepared by `acc`; the callbacks after the guards."""
+    import torch
+
     world = acc.num_processes
     zero = cfg.zero and world > 1
     if cfg.zero and not zero:
         log.warning("zero=True ignored: one process has no optimizer state to shard with others")
-
-    # --- model, optimizer, data ------------------------------------------------------------------
     if cfg.activation_checkpointing:
         activation.enable(model)
     # on the device before the optimizer exists: ZeRO sizes its buckets on the parameters' device
@@ -170,19 +215,8 @@ def _fit(acc, model, train_data, cfg, eval_data, callbacks, loss_fn, guards, out
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
     optimizer = build_optimizer(model, cfg, zero=zero)
-    lp = _Loop(micro=cfg.batch_size, accum=cfg.grad_accum_steps)
     pin = acc.device.type == "cuda"
-    lp.per_rank = is_per_rank(train_data)
-    if lp.per_rank:  # already this rank's batches: used as they are (batches moved to the device)
-        lp.loader = train_data
-        _batches_to(lp.loader, acc.device)
-        n = micro_batches_per_epoch(lp.loader)
-        spe = None if n is None else max(1, n // lp.accum)  # only full accumulations step
-    else:
-        raw_loader = make_loader(train_data, lp.micro, shuffle=True, num_workers=cfg.num_workers,
-                                 seed=cfg.seed, pin_memory=pin)
-        lp.loader = acc.prepare(raw_loader)  # sharded: each rank sees len(lp.loader) micro-batches
-        spe = steps_per_epoch(micro_batches_per_epoch(lp.loader), lp.accum)
+    loader, per_rank, spe = _train_loader(acc, train_data, cfg, pin)
     if cfg.max_steps is None and spe is None:
         raise ValueError("TrainConfig.max_steps: the training data has no length (an iterable "
                          "pipeline), so epochs cannot be counted; set max_steps")
@@ -195,94 +229,30 @@ def _fit(acc, model, train_data, cfg, eval_data, callbacks, loss_fn, guards, out
     eval_loader = None
     if eval_data is not None:  # this rank's share, never padded or resampled (see evaluation.py)
         eval_loader = eval_batches(eval_data, rank=acc.process_index, world=world,
-                                   batch_size=lp.micro, num_workers=cfg.num_workers,
+                                   batch_size=cfg.batch_size, num_workers=cfg.num_workers,
                                    seed=cfg.seed, pin_memory=pin)
         _batches_to(eval_loader, acc.device)
     scheduler = build_scheduler(getattr(optimizer, "optimizer", optimizer), cfg, total_steps)
-
-    state = TrainState(config=cfg, accelerator=acc, model=model, optimizer=optimizer,
-                       scheduler=scheduler, total_steps=total_steps, micro_batch_size=lp.micro,
-                       grad_accum_steps=lp.accum, output_dir=out_dir,
-                       lr=scheduler.get_last_lr()[0], is_main_process=acc.is_main_process,
-                       rank=acc.process_index)
     extra: list[Callback] = default_guards(cfg) if guards else []
     if cfg.profile_steps:
         extra.append(ProfilerWindow(cfg.profile_steps))
-    cbs = CallbackList([*extra, *callbacks])
-    lp.acc, lp.model, lp.optimizer, lp.scheduler, lp.state, lp.cbs = (acc, model, optimizer,
-                                                                      scheduler, state, cbs)
-    lp.cfg, lp.loss_fn, lp.eval_loader, lp.train_data, lp.pin = (cfg, loss_fn, eval_loader,
-                                                                 train_data, pin)
+    return _Setup(acc=acc, model=model, optimizer=optimizer, scheduler=scheduler, cfg=cfg,
+                  cbs=CallbackList([*extra, *callbacks]), loss_fn=loss_fn, train_data=train_data,
+                  loader=loader, per_rank=per_rank, eval_loader=eval_loader, pin=pin,
+                  micro=cfg.batch_size, accum=cfg.grad_accum_steps, total_steps=total_steps)
 
-    # --- resume ------------------------------------------------------------------------------------
-    # On purpose (resume_from, set by launch(..., resume=...)), or from this output folder's newest
-    # complete checkpoint (resume: what a requeued batch job needs). Either way the checkpoint's
-    # config must fit this one, checked before anything is loaded.
-    resumed_from = None
-    if cfg.resume_from:
-        info = _agreed_checkpoint(acc, lambda: find_checkpoint(cfg.resume_from))
-    elif cfg.resume:
-        info = _agreed_checkpoint(acc, lambda: latest_checkpoint(checkpoint_dir(out_dir)))
-    else:
-        info = None
-    if info is not None:
-        check_compatible(info, cfg)
-        restored = load_training_state(acc, model, optimizer, scheduler, info)
-        state.step = int(restored["step"])
-        state.epoch = int(restored["epoch"])
-        state.samples_seen = int(restored.get("samples_seen", 0))
-        # the position is counted in micro-batches of the saved run's size
-        saved_micro = int(restored.get("micro_batch_size", lp.micro))
-        state.batch_in_epoch = int(restored["batch_in_epoch"]) * saved_micro // lp.micro
-        lp.boundary_batch = state.batch_in_epoch
-        lp.pending_rng = restored["rng"]
-        lp.last_saved_step = state.step if Path(info.path).parent == checkpoint_dir(out_dir) \
-            else -1  # a checkpoint in another run's folder: this run saves its own at the end
-        state.last_checkpoint = info.path
-        state.lr = _follow_config_schedule(scheduler, cfg, total_steps)
-        resumed_from = str(info.path)
-        if acc.is_main_process:
-            line = f"resuming from step {state.step} ({info.path})"
-            print(line, flush=True)  # the terminal of a headless job, the rank's log under launch
-            get_reporter().log(line)
 
-    if cfg.tensorboard:
-        acc.init_trackers(os.environ.get("GPU_LAB_RUN_ID") or "run", config=_hparams(cfg))
-
-    # --- train -------------------------------------------------------------------------------------
-    cbs.call("on_fit_start", state)
-    try:
-        while True:
-            failure = None
-            try:
-                _train(lp)
-                break
-            except Exception as e:  # noqa: BLE001 - only OOM is handled; the rest is re-raised
-                if not oom.is_oom(e):
-                    raise
-                failure = oom.triage(cfg, step=state.step, micro_batch=lp.micro,
-                                     accum=lp.accum, num_processes=world, error=e)
-            # out of the except block: the traceback (and the tensors its frames hold) is gone
-            oom.free_memory()
-            smaller = oom.smaller_batch(lp.micro, lp.accum)
-            rebuildable = not (_is_loader(train_data) or lp.per_rank)
-            if not (cfg.oom_retry and world == 1 and smaller and rebuildable):
-                raise oom.TrainingOutOfMemoryError(failure)
-            _retry_smaller(lp, smaller)
-
-        # --- the end: final evaluation and checkpoint ----------------------------------------------
-        if eval_loader is not None and lp.last_eval_step != state.step:
-            _evaluate(lp)
-        if lp.last_saved_step != state.step:
-            _save(lp, "final")
-    except BaseException as exc:
-        if not isinstance(exc, Preempted):  # a preemption already ran on_fit_end
-            cbs.call("on_exception", state, exc)
-        raise
-
-    summary = _summary(lp, t_start, resumed_from)
-    cbs.call("on_fit_end", state, summary)
-    return summary
+def _train_loader(acc, train_data, cfg, pin: bool) -> tuple[Any, bool, int | None]:
+    """(this rank's training loader, whether it came per rank, steps per epoch or None)."""
+    if is_per_rank(train_data):  # already this rank's batches: used as they are (moved to device)
+        _batches_to(train_data, acc.device)
+        n = micro_batches_per_epoch(train_data)
+        spe = None if n is None else max(1, n // cfg.grad_accum_steps)  # full accumulations only
+        return train_data, True, spe
+    raw_loader = make_loader(train_data, cfg.batch_size, shuffle=True, num_workers=cfg.num_workers,
+                             seed=cfg.seed, pin_memory=pin)
+    loader = acc.prepare(raw_loader)  # sharded: each rank sees len(loader) micro-batches
+    return loader, False, steps_per_epoch(micro_batches_per_epoch(loader), cfg.grad_accum_steps)
 
 
 def _batches_to(loader, device) -> None:
@@ -292,140 +262,232 @@ def _batches_to(loader, device) -> None:
         loader.device = device
 
 
-def _train(lp: _Loop) -> None:
+def _resume(setup: _Setup, state: TrainState, progress: _Progress) -> str | None:
+    """Restore a checkpoint into the prepared objects and the position; returns its path or None.
+
+    On purpose (resume_from, set by launch(..., resume=...)), or from this output folder's newest
+    complete checkpoint (resume: what a requeued batch job needs). Either way the checkpoint's
+    config must fit this one, checked before anything is loaded."""
+    acc, cfg, ckpts = setup.acc, setup.cfg, checkpoint_dir(state.output_dir)
+    if cfg.resume_from:
+        info = _agreed_checkpoint(acc, lambda: find_checkpoint(cfg.resume_from))
+    elif cfg.resume:
+        info = _agreed_checkpoint(acc, lambda: latest_checkpoint(ckpts))
+    else:
+        info = None
+    if info is None:
+        return None
+    check_compatible(info, cfg)
+    restored = load_training_state(acc, setup.model, setup.optimizer, setup.scheduler, info)
+    state.step = int(restored["step"])
+    state.epoch = int(restored["epoch"])
+    state.samples_seen = int(restored.get("samples_seen", 0))
+    # the position is counted in micro-batches of the saved run's size
+    saved_micro = int(restored.get("micro_batch_size", setup.micro))
+    state.batch_in_epoch = int(restored["batch_in_epoch"]) * saved_micro // setup.micro
+    progress.boundary_batch = state.batch_in_epoch
+    progress.pending_rng = restored["rng"]
+    progress.last_saved_step = state.step if Path(info.path).parent == ckpts \
+        else -1  # a checkpoint in another run's folder: this run saves its own at the end
+    state.last_checkpoint = info.path
+    state.lr = _follow_config_schedule(setup.scheduler, cfg, state.total_steps)
+    if acc.is_main_process:
+        line = f"resuming from step {state.step} ({info.path})"
+        print(line, flush=True)  # the terminal of a headless job, the rank's log under launch
+        get_reporter().log(line)
+    return str(info.path)
+
+
+def _train_retrying_smaller(setup: _Setup, state: TrainState, progress: _Progress) -> _Setup:
+    """_train; after an out-of-memory error, again from the last step boundary with a smaller
+    micro-batch where the data can be re-batched. Returns the setup that finished."""
+    cfg, world = setup.cfg, setup.acc.num_processes
+    while True:
+        try:
+            _train(setup, state, progress)
+            return setup
+        except Exception as e:  # noqa: BLE001 - only OOM is handled; the rest is re-raised
+            if not oom.is_oom(e):
+                raise
+            failure = oom.triage(cfg, step=state.step, micro_batch=setup.micro,
+                                 accum=setup.accum, num_processes=world, error=e)
+        # out of the except block: the traceback (and the tensors its frames hold) is gone
+        oom.free_memory()
+        smaller = oom.smaller_batch(setup.micro, setup.accum)
+        rebuildable = not (_is_loader(setup.train_data) or setup.per_rank)
+        if not (cfg.oom_retry and world == 1 and smaller and rebuildable):
+            raise oom.TrainingOutOfMemoryError(failure)
+        setup = _retry_smaller(setup, state, progress, smaller)
+
+
+@dataclass
+class _LogWindow:
+    """The steps since the last report, which samples_per_s, step_time and data_wait average."""
+
+    start: float
+    steps: int = 0
+    samples: int = 0
+    wait: float = 0.0
+
+
+def _train(setup: _Setup, state: TrainState, progress: _Progress) -> None:
     """Optimizer steps from the current position until total_steps, a stop, or an exception."""
-    import torch
-    from accelerate.utils import send_to_device
-
-    acc, model, optimizer, scheduler, state, cbs, cfg = (lp.acc, lp.model, lp.optimizer,
-                                                         lp.scheduler, lp.state, lp.cbs, lp.cfg)
-    loss_fn, eval_loader, run = lp.loss_fn, lp.eval_loader, lp
-
-    world = acc.num_processes
-    channels_last = cfg.channels_last
-    max_norm = cfg.max_grad_norm
-    log_every = cfg.log_every
-    ckpt_every = cfg.checkpoint_every
-    eval_every = cfg.eval_every
+    cfg, cbs, accum = setup.cfg, setup.cbs, setup.accum
     perf = time.perf_counter
-    gradient_state = acc.gradient_state
-    model.train()
-    t_log = perf()
-    log_steps = log_samples = 0
-    log_wait = 0.0
-    loss = None
-
+    setup.model.train()
+    window = _LogWindow(perf())
     while state.step < state.total_steps:
-        # the shuffled order of an epoch depends only on (seed, epoch): resumable without a state
-        run.loader.set_epoch(state.epoch)
-        skip = run.boundary_batch
-        per_rank_len = None
-        if run.per_rank:
-            per_rank_len = micro_batches_per_epoch(run.loader)  # may change with the epoch
-            it = iter(run.loader)
-            for _ in range(skip):  # no sampler to skip with: read past what was trained on
-                next(it, None)
-            acc.step = 0  # accelerate counts micro-batches itself to decide when to sync
-        else:
-            it = iter(acc.skip_first_batches(run.loader, skip) if skip else run.loader)
-        state.batch_in_epoch = skip
-        if run.pending_rng is not None:
-            # after the iterator exists: creating it must not shift the restored RNG streams
-            set_rng_state(run.pending_rng, acc.device)
-            run.pending_rng = None
+        batches, epoch_len = _epoch_batches(setup, state, progress)
         epoch_done = False
         while state.step < state.total_steps and not epoch_done:
             cbs.call("on_step_start", state)
             t0 = perf()
-            wait = 0.0
-            got = samples = 0
-            for _ in range(run.accum):
-                tw = perf()
-                try:
-                    batch = next(it)
-                except StopIteration:
-                    break
-                wait += perf() - tw
-                if run.per_rank:
-                    batch = send_to_device(batch, acc.device, non_blocking=True)
-                x, y = split_batch(batch)
-                if channels_last and x.dim() == 4:
-                    x = x.contiguous(memory_format=torch.channels_last)
-                with acc.accumulate(model):
-                    out = model(x)
-                    loss = loss_fn(out, y)
-                    acc.backward(loss)
-                    if acc.sync_gradients and max_norm is not None:
-                        acc.clip_grad_norm_(model.parameters(), max_norm)
-                    optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
-                got += 1
-                samples += len(y)
-                if gradient_state.end_of_dataloader:
-                    epoch_done = True
-                    break
-            if (per_rank_len is not None and got == run.accum
-                    and state.batch_in_epoch + got + run.accum > per_rank_len):
+            done = _micro_batches(setup, batches)
+            epoch_done = done.loader_ended
+            if (epoch_len is not None and done.got == accum
+                    and state.batch_in_epoch + done.got + accum > epoch_len):
                 epoch_done = True  # what is left of this epoch cannot make a full step
-            if got == 0:  # the epoch ended exactly at the last step boundary
+            if done.got == 0:  # the epoch ended exactly at the last step boundary
                 break
-            if got < run.accum and run.per_rank:
+            if done.got < accum and setup.per_rank:
                 # an epoch's leftover micro-batches: no optimizer step happened (accelerate syncs
                 # at the end of the loaders it prepared, not of this one), drop their gradients
-                getattr(optimizer, "optimizer", optimizer).zero_grad(set_to_none=True)
+                getattr(setup.optimizer, "optimizer", setup.optimizer).zero_grad(set_to_none=True)
                 break
             # --- an optimizer step is complete ----------------------------------------------------
-            scheduler.step()
-            dt = perf() - t0
-            state.step += 1
-            state.loss = loss.detach()
-            state.lr = scheduler.get_last_lr()[0]
-            n = samples * world
-            state.samples_seen += n
-            run.run_samples += n
-            run.steps_time += dt
-            if epoch_done:
-                state.epoch += 1
-                state.batch_in_epoch = 0
-            else:
-                state.batch_in_epoch += got
-            run.boundary_batch = state.batch_in_epoch
-            log_steps += 1
-            log_samples += n
-            log_wait += wait
+            _count_step(setup, state, progress, window, done, t0, epoch_done)
             cbs.call("on_step_end", state)
-
-            if state.step % log_every == 0 or state.step == state.total_steps:
-                now = perf()
-                span = max(now - t_log, 1e-9)
-                metrics = {"loss": loss.item(),  # CPU-GPU sync point, once per log_every steps
-                           "lr": state.lr, "samples_per_s": log_samples / span,
-                           "step_time": span / log_steps, "data_wait": log_wait / log_steps,
-                           "epoch": state.epoch}
-                t_log, log_steps, log_samples, log_wait = now, 0, 0, 0.0
-                state.metrics.update(metrics)
-                report(step=state.step, **metrics)
-                if cfg.tensorboard:
-                    acc.log(metrics, step=state.step)
-                cbs.call("on_log", state, metrics)
-                if _act_on_requests(lp):
+            if state.step % cfg.log_every == 0 or state.step == state.total_steps:
+                _report_window(setup, state, window, done.loss)
+                if _act_on_requests(setup, state, progress):
                     return
-
-            if ckpt_every and state.step % ckpt_every == 0 and run.last_saved_step != state.step:
-                _save(lp, "periodic")
-            if eval_loader is not None and (
-                    (eval_every and state.step % eval_every == 0) or (not eval_every and epoch_done)):
-                _evaluate(lp)
-                model.train()
-                t_log = perf()  # evaluation time is not training throughput
+            if (cfg.checkpoint_every and state.step % cfg.checkpoint_every == 0
+                    and progress.last_saved_step != state.step):
+                _save(setup, state, progress, "periodic")
+            if setup.eval_loader is not None and (
+                    (cfg.eval_every and state.step % cfg.eval_every == 0)
+                    or (not cfg.eval_every and epoch_done)):
+                _evaluate(setup, state, progress)
+                setup.model.train()
+                window.start = perf()  # evaluation time is not training throughput
         if not epoch_done and state.step < state.total_steps:  # got == 0: next epoch
             state.epoch += 1
-            state.batch_in_epoch = run.boundary_batch = 0
+            state.batch_in_epoch = progress.boundary_batch = 0
 
 
-def _act_on_requests(lp: _Loop) -> bool:
+def _epoch_batches(setup: _Setup, state: TrainState, progress: _Progress):
+    """(an iterator over this epoch's micro-batches from the last step boundary on, the epoch's
+    length in micro-batches for a per-rank loader or None)."""
+    acc, loader = setup.acc, setup.loader
+    # the shuffled order of an epoch depends only on (seed, epoch): resumable without a state
+    loader.set_epoch(state.epoch)
+    skip = progress.boundary_batch
+    epoch_len = None
+    if setup.per_rank:
+        epoch_len = micro_batches_per_epoch(loader)  # may change with the epoch
+        it = iter(loader)
+        for _ in range(skip):  # no sampler to skip with: read past what was trained on
+            next(it, None)
+        acc.step = 0  # accelerate counts micro-batches itself to decide when to sync
+    else:
+        it = iter(acc.skip_first_batches(loader, skip) if skip else loader)
+    state.batch_in_epoch = skip
+    if progress.pending_rng is not None:
+        # after the iterator exists: creating it must not shift the restored RNG streams
+        set_rng_state(progress.pending_rng, acc.device)
+        progress.pending_rng = None
+    return it, epoch_len
+
+
+class _MicroBatches(NamedTuple):
+    """What one optimizer step's micro-batches did."""
+
+    got: int                     # micro-batches run
+    samples: int                 # on this rank
+    wait: float                  # seconds waited for the data
+    loss: Any                    # the last micro-batch's loss (a tensor)
+    loader_ended: bool           # accelerate's end_of_dataloader (it syncs the gradients there)
+
+
+def _micro_batches(setup: _Setup, batches) -> _MicroBatches:
+    """Up to `accum` micro-batches through forward and backward, the optimizer stepping on the
+    last (accelerate.accumulate decides)."""
+    import torch
+    from accelerate.utils import send_to_device
+
+    acc, model, optimizer, loss_fn = setup.acc, setup.model, setup.optimizer, setup.loss_fn
+    channels_last, max_norm = setup.cfg.channels_last, setup.cfg.max_grad_norm
+    perf = time.perf_counter
+    wait, got, samples, loss = 0.0, 0, 0, None
+    for _ in range(setup.accum):
+        tw = perf()
+        try:
+            batch = next(batches)
+        except StopIteration:
+            break
+        wait += perf() - tw
+        if setup.per_rank:
+            batch = send_to_device(batch, acc.device, non_blocking=True)
+        x, y = split_batch(batch)
+        if channels_last and x.dim() == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        with acc.accumulate(model):
+            out = model(x)
+            loss = loss_fn(out, y)
+            acc.backward(loss)
+            if acc.sync_gradients and max_norm is not None:
+                acc.clip_grad_norm_(model.parameters(), max_norm)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        got += 1
+        samples += len(y)
+        if acc.gradient_state.end_of_dataloader:
+            return _MicroBatches(got, samples, wait, loss, True)
+    return _MicroBatches(got, samples, wait, loss, False)
+
+
+def _count_step(setup: _Setup, state: TrainState, progress: _Progress, window: _LogWindow,
+                done: _MicroBatches, t0: float, epoch_done: bool) -> None:
+    """Step the schedule and move the position, the counters and the log window past one step."""
+    setup.scheduler.step()
+    dt = time.perf_counter() - t0
+    state.step += 1
+    state.loss = done.loss.detach()
+    state.lr = setup.scheduler.get_last_lr()[0]
+    n = done.samples * setup.acc.num_processes
+    state.samples_seen += n
+    progress.timed_samples += n
+    progress.steps_time += dt
+    if epoch_done:
+        state.epoch += 1
+        state.batch_in_epoch = 0
+    else:
+        state.batch_in_epoch += done.got
+    progress.boundary_batch = state.batch_in_epoch
+    window.steps += 1
+    window.samples += n
+    window.wait += done.wait
+
+
+def _report_window(setup: _Setup, state: TrainState, window: _LogWindow, loss) -> None:
+    """Report the loss and the log window's throughput, then start a new window."""
+    now = time.perf_counter()
+    span = max(now - window.start, 1e-9)
+    metrics = {"loss": loss.item(),  # CPU-GPU sync point, once per log_every steps
+               "lr": state.lr, "samples_per_s": window.samples / span,
+               "step_time": span / window.steps, "data_wait": window.wait / window.steps,
+               "epoch": state.epoch}
+    window.start, window.steps, window.samples, window.wait = now, 0, 0, 0.0
+    state.metrics.update(metrics)
+    report(step=state.step, **metrics)
+    if setup.cfg.tensorboard:
+        setup.acc.log(metrics, step=state.step)
+    setup.cbs.call("on_log", state, metrics)
+
+
+def _act_on_requests(setup: _Setup, state: TrainState, progress: _Progress) -> bool:
     """Agree on the callbacks' requests across ranks and act; True when training must end."""
-    acc, state, cbs, cfg = lp.acc, lp.state, lp.cbs, lp.cfg
+    acc, cbs, cfg = setup.acc, setup.cbs, setup.cfg
     agreed = _agree(acc, state.requests)
     state.requests.clear()
     if not agreed:
@@ -438,7 +500,7 @@ def _act_on_requests(lp: _Loop) -> bool:
             f"instead of fp16.")
     saving = [r for r in ("preempt", "memory", "stop", "checkpoint") if r in agreed]
     if saving:
-        _save(lp, "+".join(saving))
+        _save(setup, state, progress, "+".join(saving))
     if "preempt" in agreed:
         signum = next((cb.received for cb in cbs if isinstance(cb, PreemptionGuard)), None)
         summary = {"steps": state.step, "checkpoint": str(state.last_checkpoint),
@@ -451,7 +513,7 @@ def _act_on_requests(lp: _Loop) -> bool:
             get_reporter().flush(1.0)
         raise preempted
     if "stop" in agreed:
-        lp.stopped = "stop"
+        progress.stopped = "stop"
         return True
     return False
 
@@ -511,83 +573,84 @@ def _agreed_checkpoint(acc, find: Callable):
     return info
 
 
-def _save(lp: _Loop, reason: str) -> None:
-    acc, state, cfg, run = lp.acc, lp.state, lp.cfg, lp
-    if run.last_saved_step != state.step:
+def _save(setup: _Setup, state: TrainState, progress: _Progress, reason: str) -> None:
+    acc, cfg = setup.acc, setup.cfg
+    if progress.last_saved_step != state.step:
         trainer_state = {"step": state.step, "epoch": state.epoch,
                          "batch_in_epoch": state.batch_in_epoch, "samples_seen": state.samples_seen,
-                         "micro_batch_size": run.micro, "grad_accum_steps": run.accum,
+                         "micro_batch_size": setup.micro, "grad_accum_steps": setup.accum,
                          "num_processes": acc.num_processes, "reason": reason,
                          "config": cfg.to_dict(), "time": time.time()}
-        path = save_training_state(acc, lp.model, lp.optimizer, lp.scheduler,
+        path = save_training_state(acc, setup.model, setup.optimizer, setup.scheduler,
                                    root=checkpoint_dir(state.output_dir), step=state.step,
                                    trainer_state=trainer_state, keep_last=cfg.keep_last)
-        run.last_saved_step = state.step
+        progress.last_saved_step = state.step
         state.last_checkpoint = path
         if acc.is_main_process:
             get_reporter().log(f"checkpoint step {state.step} ({reason}): {path}")
-    lp.cbs.call("on_checkpoint", state, state.last_checkpoint, reason)
+    setup.cbs.call("on_checkpoint", state, state.last_checkpoint, reason)
 
 
-def _evaluate(lp: _Loop) -> dict:
+def _evaluate(setup: _Setup, state: TrainState, progress: _Progress) -> dict:
     """Accuracy and mean loss over the whole eval set, every sample exactly once over all ranks
     (evaluation.evaluate), and how many samples that was (eval_samples)."""
-    acc, model, loader, loss_fn, state, cbs = (lp.acc, lp.model, lp.eval_loader, lp.loss_fn,
-                                               lp.state, lp.cbs)
-    module = acc.unwrap_model(model, keep_torch_compile=False)  # no DDP collectives per batch
-    metrics = evaluate(module, loader, None if loss_fn is default_loss else loss_fn,
+    acc, loss_fn = setup.acc, setup.loss_fn
+    module = acc.unwrap_model(setup.model, keep_torch_compile=False)  # no DDP collectives per batch
+    metrics = evaluate(module, setup.eval_loader, None if loss_fn is default_loss else loss_fn,
                        device=acc.device, world=acc.num_processes,
                        channels_last=state.config.channels_last)
     if not metrics["eval_samples"]:
         log.warning("evaluation at step %d saw no samples: the eval data is empty (or every sample "
                     "was skipped by the loader's error policy)", state.step)
-    lp.eval_metrics = metrics
-    lp.last_eval_step = state.step
+    progress.eval_metrics = metrics
+    progress.last_eval_step = state.step
     state.metrics.update(metrics)
     report(step=state.step, **metrics)
     if state.config.tensorboard:  # the curves; the sample count is in the stream and the summary
         acc.log({k: v for k, v in metrics.items() if k != "eval_samples"}, step=state.step)
-    cbs.call("on_eval_end", state, metrics)
+    setup.cbs.call("on_eval_end", state, metrics)
     return metrics
 
 
-def _retry_smaller(lp: _Loop, smaller: tuple[int, int]) -> None:
-    """Continue from the last step boundary with a smaller per-device batch and more accumulation
-    (the global batch, and so the training math, unchanged)."""
-    acc, optimizer, state, cfg, run = lp.acc, lp.optimizer, lp.state, lp.cfg, lp
+def _retry_smaller(setup: _Setup, state: TrainState, progress: _Progress,
+                   smaller: tuple[int, int]) -> _Setup:
+    """The setup to continue from the last step boundary with: a smaller per-device batch and more
+    accumulation (the global batch, and so the training math, unchanged)."""
+    acc, cfg = setup.acc, setup.cfg
     micro, accum = smaller
-    optimizer.zero_grad(set_to_none=True)  # drop the half-accumulated gradients of the failed step
-    position = run.boundary_batch * run.micro  # samples into the epoch, per rank
-    msg = (f"out of memory with a per-device batch of {run.micro}: retrying from step {state.step} "
-           f"with batch {micro} × {accum} accumulation (same global batch)")
+    # drop the half-accumulated gradients of the failed step
+    setup.optimizer.zero_grad(set_to_none=True)
+    position = progress.boundary_batch * setup.micro  # samples into the epoch, per rank
+    msg = (f"out of memory with a per-device batch of {setup.micro}: retrying from step "
+           f"{state.step} with batch {micro} × {accum} accumulation (same global batch)")
     log.warning(msg)
     if acc.is_main_process:
         get_reporter().log(msg)
-    run.micro, run.accum = micro, accum
-    run.boundary_batch = position // micro
-    run.oom_retries += 1
+    progress.boundary_batch = position // micro
+    progress.oom_retries += 1
     state.micro_batch_size, state.grad_accum_steps = micro, accum
     acc.gradient_accumulation_steps = accum
     acc.step = 0
-    run.loader = acc.prepare(make_loader(lp.train_data, micro, shuffle=True,
-                                         num_workers=cfg.num_workers, seed=cfg.seed,
-                                         pin_memory=lp.pin))
+    loader = acc.prepare(make_loader(setup.train_data, micro, shuffle=True,
+                                     num_workers=cfg.num_workers, seed=cfg.seed,
+                                     pin_memory=setup.pin))
+    return replace(setup, micro=micro, accum=accum, loader=loader)
 
 
-def _summary(lp: _Loop, t_start: float, resumed_from: str | None) -> dict:
-    cfg, state, run, world = lp.cfg, lp.state, lp, lp.acc.num_processes
-    loss = state.metrics.get("loss")
+def _summary(setup: _Setup, state: TrainState, progress: _Progress, t_start: float,
+             resumed_from: str | None) -> dict:
+    cfg, world, evals = setup.cfg, setup.acc.num_processes, progress.eval_metrics
     return {
         "steps": state.step, "total_steps": state.total_steps, "epoch": state.epoch,
-        "loss": loss, "accuracy": run.eval_metrics.get("accuracy"),
-        "eval_loss": run.eval_metrics.get("eval_loss"),
-        "eval_samples": run.eval_metrics.get("eval_samples"),
-        "samples_per_s": run.run_samples / run.steps_time if run.steps_time else None,
+        "loss": state.metrics.get("loss"), "accuracy": evals.get("accuracy"),
+        "eval_loss": evals.get("eval_loss"), "eval_samples": evals.get("eval_samples"),
+        "samples_per_s": (progress.timed_samples / progress.steps_time
+                          if progress.steps_time else None),
         "wall_s": time.perf_counter() - t_start,
         "checkpoint": str(state.last_checkpoint) if state.last_checkpoint else None,
-        "resumed_from": resumed_from, "stopped": run.stopped, "num_processes": world,
-        "micro_batch_size": run.micro, "grad_accum_steps": run.accum,
-        "global_batch": run.micro * run.accum * world, "oom_retries": run.oom_retries,
+        "resumed_from": resumed_from, "stopped": progress.stopped, "num_processes": world,
+        "micro_batch_size": setup.micro, "grad_accum_steps": setup.accum,
+        "global_batch": setup.micro * setup.accum * world, "oom_retries": progress.oom_retries,
         "mixed_precision": cfg.mixed_precision, "output_dir": str(Path(cfg.output_dir)),
     }
 
