@@ -146,6 +146,19 @@ def test_settings_env_then_file_and_launch_overrides(gpu_lab_home, monkeypatch):
         notify.resolve(None)
 
 
+def test_a_notice_never_says_running(tmp_path):
+    """Where the registry missed the end (its write failed), the supervisor's status.json tells."""
+    (tmp_path / "status.json").write_text(json.dumps(
+        {"status": "stopped", "reason": "stopped by the user", "t": 130.0}))
+    row = {"id": "r1", "name": "n", "status": "running", "started": 100.0, "ended": None,
+           "run_dir": str(tmp_path), "host": "h"}
+    title, body, kind = notify.compose(notify._ended(row))
+    assert (title, kind) == ("gpu_lab: n stopped", "info")
+    assert body == "Run n (r1) stopped after 0m30s on h.\nstopped by the user"
+    (tmp_path / "status.json").unlink()
+    assert notify.compose(notify._ended(row))[0] == "gpu_lab: n lost"
+
+
 def test_a_silent_server_costs_the_timeout_and_is_counted():
     """A webhook that accepts the connection and never answers: deliver() gives up in time."""
     with socket.socket() as s:

@@ -218,7 +218,24 @@ def main(argv: Sequence[str]) -> int:
         print(f"gpu_lab notify: run {run_id}: no notice sent: {path} unreadable ({exc})",
               file=sys.stderr, flush=True)
         return 1
-    return 0 if send_end(row, urls) == len(urls) else 1
+    return 0 if send_end(_ended(row), urls) == len(urls) else 1
+
+
+def _ended(row: dict) -> dict:
+    """The row, with the supervisor's status.json as the end when the registry missed it (its
+    write failed): a notice never says 'running'."""
+    from .events import FINAL_STATUSES
+
+    if row["status"] in FINAL_STATUSES:
+        return row
+    try:
+        last = json.loads((Path(row["run_dir"]) / "status.json").read_text())
+    except (OSError, ValueError):
+        from .recorder import LOST
+
+        last = {"status": "lost", "reason": LOST}
+    return {**row, "status": last.get("status") or "lost", "reason": last.get("reason"),
+            "ended": last.get("t") or row.get("ended")}
 
 
 if __name__ == "__main__":
