@@ -5,7 +5,9 @@ through Debian's Chromium (never a downloaded browser).
 2. tutorial 04's launch cell (tagged "launch") starts a 2-rank run whose loss appears in the
    notebook's plot;
 3. the run appears in the side panel; its Stop button stops it (status "stopped" in the panel and
-   in the registry, the supervisor's process tree gone).
+   in the registry, the supervisor's process tree gone), and JupyterLab's notification says so;
+4. (the run view test) the notifications of a stopped and a failed run, whose View action opens
+   the failed run's view.
 
 Screenshots go to test-artifacts/browser-*.png.
 """
@@ -207,6 +209,9 @@ def _run_scenario(page, lab, launch_idx: int) -> None:  # noqa: C901 (one story,
                  ?.dataset.status === 'stopped'""", timeout=60_000)
     assert row.locator(".jp-GpuLab-run-status").inner_text() == "stopped"
     assert not row.locator("button.jp-GpuLab-stop").is_visible()  # only active runs can stop
+    # one notification tells the end (the Stop button's own message only tells "stopping")
+    page.locator(".Toastify__toast", has_text="Run tutorial-04 stopped after").wait_for()
+    assert page.locator(".Toastify__toast", has_text="tutorial-04").count() == 1
     wait_until(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE
                                for p in tree if _exists(p)), 30, what="the run's processes to end")
     _shot(page, "3-run-stopped")
@@ -442,6 +447,9 @@ def _run_view_scenario(page, lab) -> dict:  # noqa: C901 (one story, in order)
     assert view.locator(".jp-GpuLab-rv-status").inner_text() == "stopped"
     row = reg.get_run(long_id)
     assert row["status"] == "stopped" and row["reason"] == "stopped from JupyterLab"
+    # JupyterLab's own notification tells the end, with the reason
+    page.locator(".Toastify__toast", has_text="Run view-long stopped after").filter(
+        has_text="stopped from JupyterLab").wait_for(timeout=30_000)
     # a run whose function was defined in a notebook cannot be resumed from here: say why
     view.locator("button.jp-GpuLab-rv-resume").click()
     msg = view.locator('.jp-GpuLab-rv-message[data-kind="error"]')
@@ -471,20 +479,38 @@ def _run_view_scenario(page, lab) -> dict:  # noqa: C901 (one story, in order)
     assert "max_steps=15, lr=0.001" in legend and "max_steps=100000, lr=0.003" in legend
     _shot(page, "runview-4-compare")
 
-    # 7. a failed run's view shows the triage ------------------------------------------------------
+    # 7. the failed run's notification (it stays until dismissed) names the triage's first line;
+    # its View action opens the run's view, which shows the whole triage ------------------------
     wait_until(lambda: reg.get_run(broken_id)["status"] == "failed", 120,
                what="the broken run to fail")
-    _show_panel(page)
-    page.locator(f'#gpu-lab-panel .jp-GpuLab-run[data-run-id="{broken_id}"] '
-                 'button.jp-GpuLab-open-dashboard').click()
-    failed = page.locator(".jp-GpuLab-runview:visible")
+    notice = page.locator(".Toastify__toast", has_text="Run view-broken failed after")
+    notice.wait_for(timeout=60_000)
+    assert "rank 1: ValueError: rank one broke on purpose at step 3" in notice.inner_text()
+    _shot(page, "runview-5-failed-notification")
+    notice.locator("button.jp-toast-button", has_text="View").click()
+    failed = page.locator(f'.jp-GpuLab-runview[id="gpu-lab-run-{broken_id}"]:visible')
+    failed.wait_for()
+    notice.wait_for(state="hidden")  # the action dismissed it
     box = failed.locator(".jp-GpuLab-rv-failure")
     box.locator(".jp-GpuLab-rv-triage", has_text="rank one broke on purpose").wait_for()
     triage = box.inner_text()
     assert "rank 1: ValueError: rank one broke on purpose at step 3" in triage, triage
     assert "What to try (user code)" in triage and "traceback" in triage
     assert failed.get_attribute("data-status") == "failed"
-    _shot(page, "runview-5-failed")
+    _shot(page, "runview-6-failed")
+
+    # 8. reloaded, the lab does not announce the runs that had ended before it opened: none after
+    # its first polls of the runs list (the baseline, then two more)
+    polls: list[str] = []
+    page.on("request", lambda r: polls.append(r.url)
+            if r.url.split("?")[0].endswith("/gpu-lab/api/runs") else None)
+    page.reload()
+    page.wait_for_selector("#jp-main-dock-panel", state="visible", timeout=120_000)
+    deadline = time.monotonic() + 60
+    while len(polls) < 3:
+        assert time.monotonic() < deadline, polls
+        page.wait_for_timeout(100)
+    assert page.locator(".Toastify__toast", has_text="Run view-").count() == 0
     return {"long_run": long_id, "short_run": short_id, "broken_run": broken_id,
             "checkpoints_made": new_ckpt, "loss_points": loss_points,
             "compare_loss_points": loss, "triage": triage}

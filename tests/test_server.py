@@ -361,9 +361,14 @@ def test_run_detail_carries_the_triage_of_a_failed_run(jp_fetch, run_loop, sampl
     assert "What to try (user code)" in f["text"]
     assert [r["rank"] for r in f["ranks"]] == [1]
     assert "raise ValueError" in f["ranks"][0]["traceback"]
+    # the one line an end notice gives: the triage's first, root cause first
+    assert f["headline"] == f["text"].splitlines()[0] == \
+        "rank 1: ValueError: rank one broke on purpose [user code]"
     # a failure recorded without the rank files (a headless job): the registry's text
     (run_dir / "errors" / "rank1.json").unlink()
-    assert "rank one broke" in _get(run_loop, jp_fetch, "runs", rid)["failure"]["text"]
+    f = _get(run_loop, jp_fetch, "runs", rid)["failure"]
+    assert "rank one broke" in f["text"]
+    assert f["headline"] == "rank 1: ValueError: rank one broke on purpose [user code]"
 
 
 def test_checkpoint_now_writes_the_control_file_of_a_running_run_only(jp_fetch, run_loop,

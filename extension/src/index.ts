@@ -19,7 +19,8 @@ import { Widget } from '@lumino/widgets';
 
 import { CompareView } from './compare';
 import { newTrainingNotebook } from './launcher';
-import { GpuLabModel, IRun } from './model';
+import { GpuLabModel, IRun, isActive } from './model';
+import { RunEndNotices } from './notices';
 import { GpuLabPanel } from './panel';
 import { RunViewModel } from './runmodel';
 import { RunView } from './runview';
@@ -81,10 +82,18 @@ const plugin: JupyterFrontEndPlugin<GpuLabModel> = {
       return widget;
     };
 
+    // a notification when a run ends, whose View opens the run's view
+    new RunEndNotices(
+      model,
+      runId => void commands.execute(CommandIDs.openRunDashboard, { runId })
+    );
     const stop = async (run: IRun): Promise<void> => {
       try {
         const after = await model.stopRun(run.id);
-        Notification.info(`Run ${run.name || run.id}: ${after.status}`, { autoClose: 4000 });
+        if (isActive(after.status)) {
+          // an end has its own notification (notices.ts)
+          Notification.info(`Run ${run.name || run.id}: ${after.status}`, { autoClose: 4000 });
+        }
       } catch (error) {
         Notification.error(`Could not stop run ${run.id}: ${(error as Error).message}`);
       }

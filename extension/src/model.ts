@@ -104,6 +104,8 @@ export interface IRankFailure {
 /** The triage of a failed run: root cause first, and what to try. */
 export interface IFailure {
   text: string;
+  /** the root cause in one line (what end notices say) */
+  headline?: string;
   category: string | null;
   ranks: IRankFailure[];
 }

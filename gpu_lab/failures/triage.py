@@ -7,10 +7,12 @@ gpu_lab.failures.explain's job.
 """
 from __future__ import annotations
 
+import json
 import signal
 import time
 import traceback as tb
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 OOM = "out of memory"
 COMM = "communication"
@@ -111,6 +113,18 @@ def from_exitcode(rank: int, exitcode: int | None, pid: int | None = None,
                        pid=pid, suggestions=list(SUGGESTIONS[USER]), t=t or time.time())
 
 
+def read_failures(run_dir: str | Path) -> list[RankFailure]:
+    """The failures the run's ranks (or its supervisor, for a killed rank) wrote in
+    `<run_dir>/errors/rank<N>.json`; an unreadable file is skipped (a rank died writing it)."""
+    failures = []
+    for p in sorted((Path(run_dir) / "errors").glob("rank*.json")):
+        try:
+            failures.append(RankFailure.from_dict(json.loads(p.read_text())))
+        except (OSError, ValueError, TypeError):
+            continue
+    return failures
+
+
 #: a rank the launcher ended because another rank failed first: never the root cause
 _CLEANUP = ("SIGTERM", "SignalException")
 
@@ -143,6 +157,15 @@ class RunError:
     def category(self) -> str | None:
         return self.first.category if self.first else None
 
+    @property
+    def headline(self) -> str:
+        """One line for a notice: the root cause's summary (the report's first line), else the
+        supervisor's last line; "" when neither is known."""
+        if self.first:
+            return self.first.summary()
+        lines = (self.supervisor or "").strip().splitlines()
+        return lines[-1].strip() if lines else ""
+
     def __str__(self) -> str:
         lines = []
         for f in self.failures:
@@ -167,5 +190,5 @@ class RunError:
         return f"<pre style='color:#b00'>{html.escape(str(self))}</pre>"
 
 
-__all__ = ["RankFailure", "RunError", "categorize", "from_exception", "from_exitcode", "CATEGORIES",
-           "OOM", "COMM", "DATA", "STORAGE", "USER", "SIGNAL"]
+__all__ = ["RankFailure", "RunError", "categorize", "from_exception", "from_exitcode", "read_failures",
+           "CATEGORIES", "OOM", "COMM", "DATA", "STORAGE", "USER", "SIGNAL"]

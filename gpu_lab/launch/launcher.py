@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 from ..access import private_dir, private_if_new
 from ..config import TrainConfig
+from ..record import notify as notices
 from ..record.registry import Registry, home
 from ..record.channel import RunKeys, save_client_key
 from ..record.events import ACTIVE_STATUSES
@@ -28,7 +29,8 @@ def launch(fn: Callable, *args: Any, num_processes: int | None = None,
            name: str | None = None, detach: bool = False, resume: Any = None,
            num_nodes: int = 1, node_rank: int = 0, master_addr: str = "127.0.0.1",
            port: int | None = None, rdzv_backend: str = "static",
-           env: dict[str, str] | None = None, notebook: str | None = None) -> Run:
+           env: dict[str, str] | None = None, notebook: str | None = None,
+           notify: str | list[str] | None = None) -> Run:
     """Launch `fn(*args)` on `num_processes` ranks through accelerate.notebook_launcher, inside a
     supervisor process that owns the run's record, and return a Run handle at once.
 
@@ -39,6 +41,9 @@ def launch(fn: Callable, *args: Any, num_processes: int | None = None,
     mixed_precision: "no" | "fp16" | "bf16" (default: the config's, else "no").
     detach: False (default) stops the run, with a checkpoint, when the launching kernel or script
       exits; True lets the run outlive it (`gpu_lab.attach(run_id)` from anywhere follows it).
+    notify: apprise URL(s) told when the run ends (name, status, triage, duration), e.g.
+      "json://host/hook" or "mailto://user:password@example.com"; None: the GPU_LAB_NOTIFY
+      setting (gpu_lab.record.notify), "" or []: none. A bad URL is refused here.
     resume: continue from a checkpoint on purpose: a Run, a run id or name (its newest complete
       checkpoint), or a checkpoint or output folder. The checkpoint's model, num_classes,
       image_size, optimizer and zero must match the config; a mismatch is refused here, before
@@ -60,6 +65,7 @@ def launch(fn: Callable, *args: Any, num_processes: int | None = None,
                 name=name, detach=detach, num_nodes=num_nodes, node_rank=node_rank,
                 master_addr=master_addr, port=port, rdzv_backend=rdzv_backend,
                 env=dict(env or {}))  # checks every argument: nothing has started yet
+    notify_urls = notices.resolve(notify)
     gpus = gpu_count()
     spec.device = "cuda" if gpus > 0 else "cpu"
     spec.check_device(gpus)
@@ -83,6 +89,7 @@ def launch(fn: Callable, *args: Any, num_processes: int | None = None,
     spec.name = spec.name or getattr(fn, "__name__", "run")
     run_dir = home() / "runs" / spec.run_id
     _private_run_dir(run_dir)
+    notices.save(run_dir, notify_urls)  # for the recorder's sender, at the run's end
     # the run's channel keys: the client key for its ranks and the owner's readers, the server
     # pair for its recorder (handed over by the supervisor, never on disk)
     spec.keys = RunKeys.new()
@@ -109,7 +116,7 @@ def launch(fn: Callable, *args: Any, num_processes: int | None = None,
     run._launch_kw = {"num_processes": num_processes, "mixed_precision": mixed_precision,
                       "name": name, "detach": detach, "env": env, "num_nodes": num_nodes,
                       "node_rank": node_rank, "master_addr": master_addr,
-                      "rdzv_backend": rdzv_backend, "notebook": notebook}
+                      "rdzv_backend": rdzv_backend, "notebook": notebook, "notify": notify}
 
     sys.stdout.flush()
     sys.stderr.flush()

@@ -190,12 +190,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     # --- everything is checked before anything starts --------------------------------------------
     from ..export.entry import EntryError, resolve_entry
+    from ..record import notify
 
     try:
         config = load_config(args.config) if args.config else None
         fn = resolve_entry(args.entry)
         topo = detect_topology()
         run_id = derive_run_id(topo, args.run_id)
+        notify_urls = notify.configured()  # a bad GPU_LAB_NOTIFY is refused before the run
     except (EntryError, ValueError, TypeError) as exc:
         print(f"gpu_lab.rank.headless: {exc}", file=sys.stderr, flush=True)
         return EXIT_USAGE
@@ -272,6 +274,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         except Exception:  # noqa: BLE001 - the leader created it in the meantime
             pass
     _close_row(registry, run_id, topo, status, error)
+    if notify_urls and topo.rank == 0:  # one notice per run, with the row as it stands now
+        notify.send_end(registry.get_run(run_id) or {"id": run_id, "status": status}, notify_urls)
     lost = recorder.received - recorder.written
     if lost or recorder.write_errors:
         print(f"gpu_lab.rank.headless: rank {topo.rank}: {lost} event(s) could not be written to "

@@ -415,6 +415,9 @@ def serve(registry_path: str, run_id: str) -> int:
           + (f"; {lost} could not be written to {registry_path}" if lost else "")
           + (f"; {rec.refused} connection(s) with another key refused" if rec.refused else ""),
           file=sys.stderr, flush=True)
+    from .notify import after_end
+
+    after_end(reg, run_id)  # the end notice, if the run has URLs: once its end is written
     return 0
 
 

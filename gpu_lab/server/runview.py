@@ -112,20 +112,12 @@ def failure(row: dict) -> dict | None:
     """The triage of a failed run: each failed rank (root cause first) and what to try."""
     if row.get("status") != "failed":
         return None
-    from gpu_lab.failures.triage import RankFailure, RunError
+    from gpu_lab.failures.triage import RunError, read_failures
 
-    failures = []
-    errors = Path(row["run_dir"]) / "errors" if row.get("run_dir") else None
-    if errors is not None and errors.is_dir():
-        import json
-
-        for p in sorted(errors.glob("rank*.json")):
-            try:
-                failures.append(RankFailure.from_dict(json.loads(p.read_text())))
-            except (OSError, ValueError, TypeError):
-                continue
+    failures = read_failures(row["run_dir"]) if row.get("run_dir") else []
     report = RunError(failures, supervisor=None if failures else row.get("error"))
     return {"text": str(report) or (row.get("error") or "the run failed"),
+            "headline": report.headline,  # the end notice's line (gpu_lab.record.notify's too)
             "category": report.category,
             "ranks": [json_safe({**f.to_dict(), "traceback": _last_lines(f.traceback, 30)})
                       for f in report.failures]}
