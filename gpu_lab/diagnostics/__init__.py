@@ -5,6 +5,7 @@
     advise(model, ...)                         which GPU classes fit, how many, what to switch on
     allreduce_bench(sizes, num_processes)      nccl-tests-style algbw / busbw through gpu_lab.launch
     io_bench(path) / DiskMonitor               sequential + random read MB/s and IOPS; live iostat
+    loader_bench(data_dir, ...)                gpu_lab's shard loader vs the per-file PIL pipeline
     find_bottleneck(run)                       data / compute / communication, and the fix
     StepTimer                                  the per-phase timing a training loop reports
     memory_cap(bytes)                          an allocation cap (RLIMIT_AS) to provoke an OOM on CPU
@@ -36,6 +37,7 @@ _API = {
     "io_bench": "gpu_lab.diagnostics.iobench",
     "IOResult": "gpu_lab.diagnostics.iobench",
     "DiskMonitor": "gpu_lab.diagnostics.iobench",
+    "loader_bench": "gpu_lab.diagnostics.loaderbench",
     "find_bottleneck": "gpu_lab.diagnostics.bottleneck",
     "Breakdown": "gpu_lab.diagnostics.bottleneck",
     "breakdown_from_trace": "gpu_lab.diagnostics.bottleneck",
