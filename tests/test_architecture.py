@@ -40,9 +40,6 @@ def test_headless_packages_never_import_views(sub):
     bad = []
     for f in files:
         for name in _imports(f):
-            # Run.dashboard() imports widgets lazily on purpose: the one sanctioned exception
-            if f.name == "run.py" and name.startswith("gpu_lab.widgets"):
-                continue
             if any(name == v or name.startswith(v + ".") for v in VIEW_MODULES):
                 bad.append(f"{f.relative_to(PKG.parent)} imports {name}")
     assert not bad, "\n".join(bad)
