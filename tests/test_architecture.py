@@ -177,7 +177,9 @@ def test_every_declared_dependency_is_imported():
 def _lazy_table(tree: ast.AST, module: str) -> dict[str, tuple[str, int]]:
     """name -> (module it loads on first use, line) for a package's lazy_api(...) table: the api
     dict's names (their module absolute, or ".x" relative to the package) and its `submodules`;
-    plus each import_module("...") with a constant name, keyed by that name."""
+    plus each import_module("...") with a constant name, keyed by that name. Narrower than
+    _lazy_imports: a string that only names a module (for `python -m`) starts a process, which
+    imports nothing into this one."""
     assigned = {t.id: n.value for n in ast.walk(tree) if isinstance(n, ast.Assign)
                 for t in n.targets if isinstance(t, ast.Name)}
 
