@@ -86,7 +86,7 @@ def add_bench_loader_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def bench_loader_kwargs(args: argparse.Namespace) -> dict:
-    """`gpu_lab.data.benchmark`'s arguments from the flags of `add_bench_loader_arguments`."""
+    """`gpu_lab.diagnostics.loader_bench`'s arguments from the flags of `add_bench_loader_arguments`."""
     return dict(data_dir=args.data, n=args.n, image_size=args.image_size, crop_size=args.crop_size,
                 num_workers=args.workers, batch_size=args.batch_size, augment=args.augment,
                 work_dir=args.work_dir, cold=not args.no_cold, data_wait_steps=args.steps,
@@ -96,9 +96,9 @@ def bench_loader_kwargs(args: argparse.Namespace) -> dict:
 def _run_bench_loader(args: argparse.Namespace) -> int:
     import json
 
-    from .diagnostics.loaderbench import benchmark
+    from .diagnostics.loaderbench import loader_bench
 
-    report = benchmark(**bench_loader_kwargs(args))
+    report = loader_bench(**bench_loader_kwargs(args))
     print(json.dumps(report.to_dict(), indent=1) if args.json else report.table())
     return 0
 

@@ -12,7 +12,7 @@ import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "gpu_lab"
 HEADLESS = ["train", "data", "diagnostics", "export", "launch", "supervise", "rank", "record",
-            "readers", "failures", "models", "cases"]
+            "readers", "failures", "models", "cases", "hardware"]
 VIEW_MODULES = ("ipywidgets", "plotly", "anywidget", "jupyter_server", "jupyterlab", "IPython",
                 "ipykernel", "tornado", "gpu_lab.widgets", "gpu_lab.server")
 
@@ -42,9 +42,6 @@ def test_headless_packages_never_import_views(sub):
     bad = []
     for f in files:
         for name in _imports(f):
-            # Run.dashboard() imports widgets lazily on purpose: the one sanctioned exception
-            if f.name == "run.py" and name.startswith("gpu_lab.widgets"):
-                continue
             if any(name == v or name.startswith(v + ".") for v in VIEW_MODULES):
                 bad.append(f"{f.relative_to(PKG.parent)} imports {name}")
     assert not bad, "\n".join(bad)
@@ -175,3 +172,167 @@ def test_every_declared_dependency_is_imported():
     unused = sorted(d for d in declared - set(USED_WITHOUT_IMPORT)
                     if not provides.get(d, set()) & imported)
     assert not unused, f"declared in pyproject.toml, imported nowhere: {unused}"
+
+
+# ------------------------------------------------------------------- no cycles, however hidden
+
+def _lazy_table(tree: ast.AST, module: str) -> dict[str, tuple[str, int]]:
+    """name -> (module it loads on first use, line) for a package's lazy_api(...) table: the api
+    dict's names (their module absolute, or ".x" relative to the package) and its `submodules`;
+    plus each import_module("...") with a constant name, keyed by that name. Narrower than
+    _lazy_imports: a string that only names a module (for `python -m`) starts a process, which
+    imports nothing into this one."""
+    assigned = {t.id: n.value for n in ast.walk(tree) if isinstance(n, ast.Assign)
+                for t in n.targets if isinstance(t, ast.Name)}
+
+    def literal(node):  # a table written inline, or assigned to a name first (_API = {...})
+        return assigned.get(node.id, node) if isinstance(node, ast.Name) else node
+
+    table = {}
+    for call in (n for n in ast.walk(tree) if isinstance(n, ast.Call)):
+        name = getattr(call.func, "id", getattr(call.func, "attr", None))
+        if name == "import_module" and call.args and isinstance(call.args[0], ast.Constant):
+            table[call.args[0].value] = (call.args[0].value, call.lineno)
+        if name != "lazy_api" or len(call.args) < 2:
+            continue
+        api = literal(call.args[1])
+        for k, v in zip(api.keys, api.values) if isinstance(api, ast.Dict) else ():
+            if isinstance(k, ast.Constant) and isinstance(v, ast.Constant):
+                table[k.value] = (module + v.value if v.value.startswith(".") else v.value,
+                                  v.lineno)
+        for kw in call.keywords:
+            subs = literal(kw.value)
+            if kw.arg == "submodules" and isinstance(subs, (ast.Tuple, ast.List)):
+                table.update({e.value: (f"{module}.{e.value}", e.lineno) for e in subs.elts
+                              if isinstance(e, ast.Constant)})
+    return table
+
+
+def _module_graph() -> dict[str, dict[str, int]]:
+    """module -> {gpu_lab module it imports: line}: every import statement of every file, at its
+    top or inside a function, relative imports resolved, each to the module it loads
+    (`from pkg import sub` loads pkg.sub; `from pkg import name` the module pkg's lazy table
+    names for it), plus what each package's lazy table can load."""
+    modules = _package_modules()
+    trees = {m: ast.parse(f.read_text(), str(f)) for m, f in modules.items()}
+    lazy = {m: _lazy_table(t, m) for m, t in trees.items()}
+
+    def known(name: str) -> str | None:  # the module itself, or the package that holds the name
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph = {}
+    for mod, tree in trees.items():
+        parts = modules[mod].relative_to(PKG.parent).with_suffix("").parts
+        edges = {target: line for target, line in lazy[mod].values()}
+        for node in ast.walk(tree):
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(parts[: len(parts) - node.level] + ((base,) if base else ()))
+                for a in node.names:
+                    sub = f"{base}.{a.name}"
+                    targets.append(sub if sub in modules
+                                   else lazy.get(base, {}).get(a.name, (base,))[0])
+            for t in targets:
+                edges.setdefault(t, node.lineno)
+        graph[mod] = {k: line for t, line in edges.items() if (k := known(t)) and k != mod}
+    return graph
+
+
+def _layer(module: str) -> str:
+    """The package a module belongs to: gpu_lab's top-level subpackage or module (gpu_lab.x)."""
+    return ".".join(module.split(".")[:2])
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[tuple[set[str], list[str]]]:
+    """Each strongly connected part of `graph` that holds a cycle, with the shortest cycle
+    through the part's first node."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    parts: list[set[str]] = []
+
+    def visit(v):  # Tarjan's algorithm; a few hundred modules stay far from the recursion limit
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = set(stack[stack.index(v):])
+            del stack[stack.index(v):]
+            parts.append(part)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    cycles = []
+    for part in (p for p in parts if len(p) > 1):
+        start = min(part)
+        paths, seen = [[start]], {start}
+        while paths:  # breadth first: the shortest way back to start inside the part
+            path = paths.pop(0)
+            nxt = sorted(w for w in graph.get(path[-1], ()) if w in part)
+            if start in nxt:
+                cycles.append((part, path + [start]))
+                break
+            for w in nxt:
+                if w not in seen:
+                    seen.add(w)
+                    paths.append(path + [w])
+    return cycles
+
+
+def _cycle_report(part: set[str], cycle: list[str], graph: dict[str, dict[str, int]],
+                  of=lambda m: m) -> str:
+    """The cycle, each step with the imports that make it, then the other imports that tie the
+    part together (all of them must go for the part to fall apart)."""
+    paths = _package_modules()
+
+    def imports(a, b):
+        return [f"      {m} imports {t} ({paths[m].relative_to(PKG.parent)}:{line})"
+                for m, ts in sorted(graph.items()) if of(m) == a
+                for t, line in sorted(ts.items()) if of(t) == b]
+
+    steps = list(zip(cycle, cycle[1:]))
+    lines = ["  " + " -> ".join(cycle)]
+    for a, b in steps:
+        lines += [f"    {a} -> {b}:", *imports(a, b)]
+    others = sorted({(of(m), of(t)) for m, ts in graph.items() for t in ts
+                     if of(m) in part and of(t) in part and of(m) != of(t)} - set(steps))
+    if others:
+        lines.append(f"    and inside {', '.join(sorted(part))}:")
+        for a, b in others:
+            lines += [f"    {a} -> {b}:", *imports(a, b)]
+    return "\n".join(lines)
+
+
+def test_no_import_cycle_between_packages():
+    """The packages stack in one direction (failures, the record and the rank side at the bottom;
+    the views, the server and the command line at the top): no chain of imports, at a module's
+    top or inside a function, or through a lazy table, leads from a package back to itself. A
+    package is gpu_lab's top-level subpackage or module; there are no exceptions."""
+    graph = _module_graph()
+    layers: dict[str, set[str]] = {}
+    for m, ts in graph.items():
+        layers.setdefault(_layer(m), set()).update(_layer(t) for t in ts if _layer(t) != _layer(m))
+    cycles = _cycles(layers)
+    assert not cycles, "import cycles between packages:\n" + "\n".join(
+        _cycle_report(part, c, graph, _layer) for part, c in cycles)
+
+
+def test_no_import_cycle_inside_a_package():
+    """Nor between two modules of one package (launcher -> run -> launcher)."""
+    graph = _module_graph()
+    inside = {m: {t for t in ts if _layer(t) == _layer(m)} for m, ts in graph.items()}
+    cycles = _cycles(inside)
+    assert not cycles, "import cycles between modules:\n" + "\n".join(
+        _cycle_report(part, c, graph) for part, c in cycles)

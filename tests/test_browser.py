@@ -530,7 +530,8 @@ process.stdout.write(JSON.stringify({cases, series: [s.steps, s.times, s.values,
 def test_decimation_in_the_browser_keeps_the_points_python_keeps(tmp_path):
     """extension/src/decimate.ts (the run view's bounded series) against
     gpu_lab.readers.history: the same inputs keep the same points, spikes included."""
-    from gpu_lab.readers.history import Series, decimate_minmax
+    from gpu_lab.readers.history import Series
+    from gpu_lab.record.decimate import decimate_minmax
 
     node = shutil.which("node")
     tsc = ROOT / "extension" / "node_modules" / "typescript" / "bin" / "tsc"

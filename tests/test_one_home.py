@@ -50,11 +50,11 @@ def test_each_shared_fact_is_defined_once():
     assert _defined("fmt_bytes") == _defined("parse_size") == ["gpu_lab/units.py"]
     assert _where(r"^\s*(KiB|MiB|GiB|TiB)\s*=", exclude=("gpu_lab/units.py",)) == []
     # decimation: the bucket min/max rule
-    assert _defined("minmax_indices") == ["gpu_lab/readers/history.py"]
-    assert _where(r"take_along_axis|min\(seg, key=") == ["gpu_lab/readers/history.py"]
+    assert _defined("minmax_indices") == ["gpu_lab/record/decimate.py"]
+    assert _where(r"take_along_axis|min\(seg, key=") == ["gpu_lab/record/decimate.py"]
     # out-of-memory advice: one builder, used by the run's triage and the fit loop
-    assert _defined("oom_suggestions") == ["gpu_lab/failures/explain.py"]
-    assert _where(r"activation_checkpointing=True: keep only") == ["gpu_lab/failures/explain.py"]
+    assert _defined("oom_suggestions") == _defined("smaller_batch") == ["gpu_lab/failures/oom.py"]
+    assert _where(r"activation_checkpointing=True: keep only") == ["gpu_lab/failures/oom.py"]
     # the lazy public APIs
     assert _defined("lazy_api") == ["gpu_lab/_lazy.py"]
     assert _where(r"^def __getattr__", exclude=("gpu_lab/_lazy.py",)) == []

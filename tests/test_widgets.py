@@ -10,7 +10,8 @@ import pytest
 
 from gpu_lab.config import TrainConfig
 from gpu_lab.record.registry import Registry
-from gpu_lab.readers.history import MetricHistory, decimate_minmax
+from gpu_lab.readers.history import MetricHistory
+from gpu_lab.record.decimate import decimate_minmax
 from gpu_lab.telemetry import NVMLSampler, Sampler
 from gpu_lab.telemetry.doubles import FakeGPU, FakeNVML
 from gpu_lab.widgets import Dashboard, GPUPanel, LaunchPanel, LivePlot, Throttle

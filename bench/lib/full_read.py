@@ -142,7 +142,7 @@ def fold_series(events: Iterable[dict], ranks: int, points: int, with_ranks: boo
 def _bounded(steps: list, times: list, values: list, points: int) -> dict[str, list]:
     """At most `points` points, each bucket's min and max kept (the history holds up to twice)."""
     if len(values) > points:
-        from gpu_lab.readers.history import decimate_minmax
+        from gpu_lab.record.decimate import decimate_minmax
 
         keep, _ = decimate_minmax(list(range(len(values))), values, max(4, points))
         steps, times, values = ([a[i] for i in keep] for a in (steps, times, values))

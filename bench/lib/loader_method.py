@@ -241,7 +241,7 @@ def _same_core(b: LoaderBench, r: LoaderMethodReport, passes: int) -> None:
 def run(data_dir=None, *, repeats: int = 2, cold: bool = True, data_wait_steps: int = 30,
         limit_pairs: int = 22, same_core_passes: int = 4, progress: bool = True,
         **bench) -> LoaderMethodReport:
-    """`gpu_lab.data.benchmark` (its arguments in `bench`), then the chain of `limit_pairs` pairs
+    """`gpu_lab.diagnostics.loader_bench` (its arguments in `bench`), then the chain of `limit_pairs` pairs
     and `same_core_passes` same-core passes (0 skips them) before the data-wait steps. The report
     is also written to the work dir's last_report.json."""
     with LoaderBench(data_dir, progress=progress, **bench) as b:

@@ -1,11 +1,10 @@
-"""gpu_lab.data: synthetic image sets, WebDataset shards, a loader that keeps the GPU fed, and a
-benchmark that shows whether the loader or the model is the bottleneck.
+"""gpu_lab.data: synthetic image sets, WebDataset shards and a loader that keeps the GPU fed
+(gpu_lab.diagnostics.loader_bench shows whether the loader or the model is the bottleneck).
 
     make_synthetic_images(out_dir, n, image_size, num_classes, seed)  JPEG/PNG ImageFolder tree
     SyntheticImages(n, image_size, num_classes, seed)                 the same images, in memory
     write_shards(source, out_dir, maxcount=, maxsize=, compress=)      tar shards + manifest.json
     shard_loader(urls, batch_size, train=, image_size=, augment=, num_workers=, resampled=, ...)
-    benchmark(...)                                                     gpu_lab loader vs per-file PIL
 
 Never imports widgets; names are imported on first use (torch is not loaded by `import gpu_lab.data`).
 """
@@ -32,8 +31,6 @@ _API = {
     "LoaderStats": "gpu_lab.data.loader",
     "build_transform": "gpu_lab.data.transforms",
     "normalize_batch": "gpu_lab.data.transforms",
-    "benchmark": "gpu_lab.diagnostics.loaderbench",
-    "BenchReport": "gpu_lab.diagnostics.loaderbench",
 }
 
 __getattr__, __dir__, __all__ = lazy_api(__name__, _API)

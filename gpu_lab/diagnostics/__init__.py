@@ -5,6 +5,7 @@
     advise(model, ...)                         which GPU classes fit, how many, what to switch on
     allreduce_bench(sizes, num_processes)      nccl-tests-style algbw / busbw through gpu_lab.launch
     io_bench(path) / DiskMonitor               sequential + random read MB/s and IOPS; live iostat
+    loader_bench(data_dir, ...)                gpu_lab's shard loader vs the per-file PIL pipeline
     find_bottleneck(run)                       data / compute / communication, and the fix
     StepTimer                                  the per-phase timing a training loop reports
     memory_cap(bytes)                          an allocation cap (RLIMIT_AS) to provoke an OOM on CPU
@@ -28,21 +29,22 @@ _API = {
     "advise": "gpu_lab.diagnostics.advisor",
     "MemoryEstimate": "gpu_lab.diagnostics.advisor",
     "Advice": "gpu_lab.diagnostics.advisor",
-    "GPU_CLASSES": "gpu_lab.diagnostics.hardware",
-    "GPUClass": "gpu_lab.diagnostics.hardware",
+    "GPU_CLASSES": "gpu_lab.hardware",
+    "GPUClass": "gpu_lab.hardware",
     "allreduce_bench": "gpu_lab.diagnostics.allreduce",
     "AllReduceResult": "gpu_lab.diagnostics.allreduce",
     "parse_sizes": "gpu_lab.diagnostics.allreduce",
     "io_bench": "gpu_lab.diagnostics.iobench",
     "IOResult": "gpu_lab.diagnostics.iobench",
     "DiskMonitor": "gpu_lab.diagnostics.iobench",
+    "loader_bench": "gpu_lab.diagnostics.loaderbench",
     "find_bottleneck": "gpu_lab.diagnostics.bottleneck",
     "Breakdown": "gpu_lab.diagnostics.bottleneck",
     "breakdown_from_trace": "gpu_lab.diagnostics.bottleneck",
     "StepTimer": "gpu_lab.diagnostics.timing",
     "memory_cap": "gpu_lab.diagnostics.memcap",
     "gpu_benchmark": "gpu_lab.diagnostics.gpubench",
-    "oom_report": "gpu_lab.failures.explain",
+    "oom_report": "gpu_lab.failures.oom",
     "comm_report": "gpu_lab.failures.explain",
     "data_report": "gpu_lab.failures.explain",
     "note": "gpu_lab.failures.explain",

@@ -16,7 +16,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from ..units import fmt_bytes
-from .hardware import GPU_CLASSES, ARTICLE_PICKS, GPUClass, by_name, usable_bytes
+from ..hardware import GPU_CLASSES, ARTICLE_PICKS, GPUClass, by_name, usable_bytes
 from .cudasafe import cuda_probe_off
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")

@@ -231,7 +231,7 @@ def gpu_benchmark(model: str | None = None, batch_size: int | None = None,
     peaks: dict = {}
     gpu_class = None
     if name:
-        from .hardware import by_name
+        from ..hardware import by_name
 
         try:
             gpu_class = by_name(name)

@@ -332,7 +332,7 @@ class LoaderBench:
         return r
 
 
-def benchmark(data_dir: str | os.PathLike | None = None, *, n: int = 10_000, image_size: int = 160,
+def loader_bench(data_dir: str | os.PathLike | None = None, *, n: int = 10_000, image_size: int = 160,
               crop_size: int = 128, num_classes: int = 10, num_workers: int | None = None,
               batch_size: int = 64, augment: str = "basic",
               work_dir: str | os.PathLike | None = None, cold: bool = True,

@@ -1,19 +1,20 @@
-# Long: four kinds of failure, each a parser, a sentence and ordered advice: one place for all.
 """What a failure's message means, and what to try, cheapest first, with its exact numbers.
 
 For the failures people meet most, the triage carries the numbers: out of memory (requested, free
 and total memory, the batch size), communication timeouts (the collective, its timeout, how long it
 ran), data errors (the shard, the sample) and storage errors (the checkpoint, its folder, the bytes
 it needed and found free). The `parse_*` functions find them in a message; `*_suggestions` and
-`*_report` build the advice from numbers; `explain` fills a RankFailure (gpu_lab.failures.triage)
-from its message, its traceback and what the training code `note()`d, inside the failing rank.
+`*_report` build the advice from numbers (the out-of-memory advice in gpu_lab.failures.oom);
+`explain` fills a RankFailure (gpu_lab.failures.kinds) from its message, its traceback and what
+the training code `note()`d, inside the failing rank.
 """
 from __future__ import annotations
 
 import os
 import re
 
-from .triage import COMM, DATA, OOM, SIGNAL, STORAGE, USER, RankFailure
+from .kinds import COMM, DATA, OOM, SIGNAL, STORAGE, USER, RankFailure
+from .oom import oom_sentence, oom_suggestions
 from ..units import fmt_bytes, parse_size
 
 _context: dict = {}
@@ -128,101 +129,6 @@ def _memory_now(device: str | None) -> dict:
         return {"free_bytes": int(vm.available), "total_bytes": int(vm.total)}
     except (ImportError, OSError):
         return {}
-
-
-def _gpus_with(need: float) -> str:
-    try:
-        from ..diagnostics.hardware import classes_with_memory
-    except ImportError:  # pragma: no cover - diagnostics ships with launch
-        return ""
-    names = classes_with_memory(need)
-    return ", ".join(names[:4])
-
-
-def oom_suggestions(requested: int | None = None, free: int | None = None,
-                    total: int | None = None, batch_size: int | None = None, *,
-                    device: str = "GPU 0", reserved_unallocated: int | None = None,
-                    grad_accum_steps: int = 1, num_processes: int = 1,
-                    mixed_precision: str | None = None,
-                    activation_checkpointing: bool | None = None, zero: bool | None = None,
-                    memory_cap: bool = False, oom_retry: bool | None = None,
-                    model: str | None = None, image_size: int | None = None) -> list[str]:
-    """What to try after an out-of-memory error, cheapest first, with whatever numbers are known:
-    the one place this advice is written (the run's triage and the fit loop's error use it)."""
-    from ..train.oom import smaller_batch
-
-    out = []
-    short = requested - free if requested is not None and free is not None else None
-    if (reserved_unallocated and device.startswith("GPU") and requested is not None
-            and reserved_unallocated >= min(requested, short if short and short > 0 else requested)):
-        out.append(f"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (no code change): "
-                   f"{fmt_bytes(reserved_unallocated)} is cached by PyTorch but fragmented, "
-                   f"enough for the {fmt_bytes(requested)} that did not fit")
-    smaller = smaller_batch(batch_size, grad_accum_steps) if batch_size else None
-    if smaller:
-        b, a = smaller
-        glob = batch_size * grad_accum_steps * num_processes
-        out.append(f"batch_size={b} (from {batch_size}) with grad_accum_steps={a}: the same global "
-                   f"batch of {glob}, so the same training math; activation memory, which grows "
-                   f"with the batch, {'roughly halves' if 2 * b == batch_size else 'shrinks'}"
-                   + (" (oom_retry=True does this for you)" if oom_retry is False else ""))
-    else:
-        out.append("a smaller batch_size, with grad_accum_steps raised to keep the global batch")
-    if mixed_precision in (None, "no"):
-        out.append("mixed_precision='bf16' (or 'fp16' on GPUs without bf16): activations take "
-                   "half the bytes, and it is faster")
-    if not activation_checkpointing:
-        out.append("activation_checkpointing=True: keep only block inputs and recompute the rest "
-                   "in backward (≈40% less activation memory for ≈25% more compute)")
-    if num_processes > 1 and not zero:
-        out.append(f"zero=True: shard the optimizer state over the {num_processes} ranks")
-    if requested is not None and total is not None and free is not None:
-        need = total - free + requested
-        where = "memory cap" if memory_cap else "device"
-        gpus = _gpus_with(need * 1.1)
-        out.append(f"a {where} with more than {fmt_bytes(need)} (in use at the failure plus the "
-                   f"request)" + (f": e.g. {gpus}" if gpus and not memory_cap else ""))
-    if model is not None and image_size is not None:
-        out.append(f"a smaller image_size (now {image_size}) or a smaller model (now {model})")
-    out.append("watch memory while it runs (GPUPanel, or `nvidia-smi -l 1`): memory that grows "
-               "step after step is a leak (a tensor kept across steps, e.g. an un-detached loss), "
-               "not a peak")
-    return out
-
-
-def oom_report(requested: int | None, free: int | None, total: int | None,
-               batch_size: int | None = None, *, device: str = "GPU 0",
-               allocated: int | None = None, reserved_unallocated: int | None = None,
-               memory_cap: bool = False, **facts) -> str:
-    """The out-of-memory triage as text: the numbers, then what to try, cheapest first.
-
-    `facts`: grad_accum_steps, num_processes, mixed_precision, activation_checkpointing, zero.
-    """
-    head = _oom_sentence(requested, free, total, batch_size, device, allocated,
-                         reserved_unallocated, memory_cap)
-    tips = oom_suggestions(requested, free, total, batch_size, device=device,
-                           reserved_unallocated=reserved_unallocated, memory_cap=memory_cap,
-                           **facts)
-    return "\n".join([head, "What to try, cheapest first:"]
-                     + [f"  {i}. {s}" for i, s in enumerate(tips, 1)])
-
-
-def _oom_sentence(requested, free, total, batch_size, device, allocated=None,
-                  reserved_unallocated=None, memory_cap=False) -> str:
-    where = f"{device} (a memory cap of {fmt_bytes(total)})" if memory_cap else device
-    parts = [f"Out of memory on {where}: tried to allocate {fmt_bytes(requested)}"]
-    if free is not None and total is not None:
-        parts.append(f" with {fmt_bytes(free)} free of {fmt_bytes(total)}")
-    if batch_size:
-        parts.append(f", batch size {batch_size}")
-    parts.append(".")
-    if requested is not None and free is not None and requested > free:
-        parts.append(f" The request is {fmt_bytes(requested - free)} more than what was free.")
-    if allocated is not None:
-        parts.append(f" PyTorch held {fmt_bytes(allocated)} in tensors"
-                     + (f" and {fmt_bytes(reserved_unallocated)} cached but unused"
-                        if reserved_unallocated is not None else "") + ".")
-    return "".join(parts)
 
 
 _C10D_FRAME = re.compile(r'distributed_c10d\.py", line \d+, in (\w+)')
@@ -471,7 +377,7 @@ def explain(failure: RankFailure, exc: BaseException | None = None) -> RankFailu
             d.update({k: v for k, v in _memory_now(d["device"]).items() if k not in d})
         d.update(facts)
         failure.details = d
-        failure.explanation = _oom_sentence(d.get("requested_bytes"), d.get("free_bytes"),
+        failure.explanation = oom_sentence(d.get("requested_bytes"), d.get("free_bytes"),
                                             d.get("total_bytes"), d.get("batch_size"),
                                             d["device"], d.get("allocated_bytes"),
                                             d.get("reserved_unallocated_bytes"),
@@ -526,5 +432,5 @@ SUGGESTIONS = {
 }
 
 __all__ = ["SUGGESTIONS", "explain", "note", "noted", "parse_oom", "parse_comm", "parse_data",
-           "parse_storage", "oom_suggestions", "comm_suggestions", "data_suggestions",
-           "storage_suggestions", "oom_report", "comm_report", "data_report"]
+           "parse_storage", "comm_suggestions", "data_suggestions", "storage_suggestions",
+           "comm_report", "data_report"]

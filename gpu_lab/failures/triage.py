@@ -1,5 +1,5 @@
-"""The failure model of a run: each failed rank (RankFailure), the run's failures in root-cause
-order (RunError), and the categories a failure falls in.
+"""The failure model of a run: each failed rank (RankFailure, from gpu_lab.failures.kinds), the
+run's failures in root-cause order (RunError), and the category a failure falls in.
 
 `from_exception` and `from_exitcode` make a RankFailure inside the failing rank (or the supervisor);
 what the failure's message means and what to try, with its exact numbers, is
@@ -11,16 +11,10 @@ import json
 import signal
 import time
 import traceback as tb
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-OOM = "out of memory"
-COMM = "communication"
-DATA = "data loading"
-STORAGE = "storage"
-USER = "user code"
-SIGNAL = "killed by a signal"
-CATEGORIES = (OOM, COMM, DATA, STORAGE, USER, SIGNAL)
+from .explain import SUGGESTIONS, explain
+from .kinds import CATEGORIES, COMM, DATA, OOM, SIGNAL, STORAGE, USER, RankFailure
 
 _PATTERNS = (
     (OOM, ("OutOfMemoryError", "out of memory", "CUDA error: out of memory", "MemoryError",
@@ -33,43 +27,6 @@ _PATTERNS = (
     (STORAGE, ("No space left on device", "Disk quota exceeded", "Read-only file system",
                "os error 28")),
 )
-
-@dataclass
-class RankFailure:
-    """One failed rank: its exception (or the signal that ended it) and a triage."""
-
-    rank: int
-    type: str
-    message: str
-    traceback: str = ""
-    category: str = USER
-    exitcode: int | None = None
-    pid: int | None = None
-    suggestions: list[str] = field(default_factory=list)
-    t: float = 0.0  # when it failed: the earliest failure is the root cause
-    # the exact numbers (requested/free/total bytes, batch_size; collective, timeout_s; shard) and
-    # the sentence built from them; empty where the failure carries none
-    details: dict = field(default_factory=dict)
-    explanation: str = ""
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "RankFailure":
-        keys = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in d.items() if k in keys})
-
-    def summary(self) -> str:
-        return f"rank {self.rank}: {self.type}: {self.message} [{self.category}]"
-
-    def report(self) -> str:
-        """The explanation with its numbers, then what to try, cheapest first."""
-        lines = [self.explanation] if self.explanation else [self.summary()]
-        lines.append(f"What to try ({self.category}), cheapest first:")
-        lines += [f"  {i}. {s}" for i, s in enumerate(self.suggestions, 1)]
-        return "\n".join(lines)
-
 
 def categorize(type_name: str, message: str, traceback_text: str = "") -> str:
     text = f"{type_name}\n{message}\n{traceback_text[-4000:]}"
@@ -84,8 +41,6 @@ def categorize(type_name: str, message: str, traceback_text: str = "") -> str:
 def from_exception(rank: int, exc: BaseException) -> RankFailure:
     text = "".join(tb.format_exception(type(exc), exc, exc.__traceback__))
     cat = categorize(type(exc).__name__, str(exc), text)
-    from .explain import SUGGESTIONS, explain
-
     failure = RankFailure(rank=rank, type=type(exc).__name__, message=str(exc), traceback=text,
                           category=cat, suggestions=list(SUGGESTIONS[cat]), t=time.time())
     try:
@@ -98,8 +53,6 @@ def from_exception(rank: int, exc: BaseException) -> RankFailure:
 def from_exitcode(rank: int, exitcode: int | None, pid: int | None = None,
                   t: float | None = None) -> RankFailure:
     """A rank that died without a Python exception (killed, or os._exit)."""
-    from .explain import SUGGESTIONS
-
     if exitcode is not None and exitcode < 0:
         try:
             name = signal.Signals(-exitcode).name

@@ -5,7 +5,8 @@ The run's record belongs to the run: its supervisor records every event in the r
 publishes it live. A Run handle is one subscriber among others. `gpu_lab.launch` returns one;
 `gpu_lab.attach(id_or_name)` makes one for any run on this host (a bounded history from the
 registry's downsampled levels, then the live events), and both work the same: status, wait,
-wait_for_step, stop, request_checkpoint, logs, error, result, dashboard, resume.
+wait_for_step, stop, request_checkpoint, logs, error, result, resume. A view is built from a
+handle (gpu_lab.Dashboard(run)): the handle never imports its views.
 """
 from __future__ import annotations
 
@@ -368,12 +369,6 @@ class Run:
         kw = {k: v for k, v in self._launch_kw.items() if k != "config"}
         return launch(fn, *args, config=config, resume=self, name=kw.pop("name", self.name),
                       detach=kw.pop("detach", self.detach), **kw)
-
-    def dashboard(self, **kw: Any):
-        """A live Dashboard widget for this run."""
-        from ..widgets import Dashboard
-
-        return Dashboard(self, **kw)
 
     def __repr__(self) -> str:
         return (f"Run(id={self.id!r}, name={self.name!r}, status={self._status!r}, "

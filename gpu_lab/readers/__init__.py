@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from gpu_lab._lazy import lazy_api
 
-from .history import MetricHistory, Series, decimate_minmax
+from ..record.decimate import decimate_minmax
+from .history import MetricHistory, Series
 
 # the receiver imports zmq: only when asked for
 __getattr__, __dir__, __all__ = lazy_api(

@@ -29,6 +29,8 @@ import sqlite3
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
+from .decimate import minmax_indices
+
 # points per bucket of levels 1, 2, ...: 32, then 8 times more each level, so that a read (the
 # coarsest level with >= points / 2 buckets) takes at most 4 * points buckets above level 1
 SIZES = (32, 256, 2048, 16_384, 131_072, 1_048_576)
@@ -415,8 +417,6 @@ def read(c: sqlite3.Connection, run_id: str, points: int, *, names: Sequence[str
 def _read_series(c: sqlite3.Connection, run_id: str, points: int, names, ranks) -> dict:
     import numpy as np
 
-    from ..readers.history import minmax_indices
-
     out = {}
     for sid, rank, name, count in c.execute(
             "SELECT id, rank, name, count FROM series WHERE run_id=? ORDER BY rank, name",
@@ -525,8 +525,6 @@ def mean_of_ranks(series: list[Points], points: int) -> tuple[list, list, list]:
     rank's series was read raw (level 0); else each rank's envelope is interpolated at the union
     of their steps (within that rank's range), so a spike of one rank shows at its step."""
     import numpy as np
-
-    from ..readers.history import minmax_indices
 
     series = [p for p in series if len(p.env[0])]
     if not series:

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import gc
 
+# the message and the smaller batch are pure advice, kept with the run's triage
+from ..failures.oom import fit_report as triage, smaller_batch
+
 
 class TrainingOutOfMemoryError(RuntimeError):
     """Out of memory during training; the message holds the batch sizes and what to try, in order."""
@@ -31,40 +34,4 @@ def free_memory() -> None:
     clear_device_cache(garbage_collection=True)
 
 
-def smaller_batch(micro_batch: int, accum: int) -> tuple[int, int] | None:
-    """(micro_batch', accum') with micro_batch' < micro_batch and the same product, or None.
-
-    Halves when it can; an odd batch goes to its largest proper divisor (9 → 3, 7 → 1)."""
-    if micro_batch <= 1:
-        return None
-    for d in range(micro_batch // 2, 0, -1):
-        if micro_batch % d == 0:
-            return d, accum * (micro_batch // d)
-    return None  # pragma: no cover - d = 1 always divides
-
-
-def suggestions(config, micro_batch: int, accum: int, num_processes: int) -> list[str]:
-    """What to try, cheapest for the result first (gpu_lab.failures.explain's advice)."""
-    from ..failures.explain import oom_suggestions
-
-    return oom_suggestions(batch_size=micro_batch, grad_accum_steps=accum,
-                           num_processes=num_processes, mixed_precision=config.mixed_precision,
-                           activation_checkpointing=config.activation_checkpointing,
-                           zero=config.zero, oom_retry=config.oom_retry, model=config.model,
-                           image_size=config.image_size)
-
-
-def triage(config, *, step: int, micro_batch: int, accum: int, num_processes: int,
-           error: BaseException | str) -> str:
-    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    lines = [f"out of memory at step {step + 1} with a per-device batch of {micro_batch} "
-             f"(× {accum} accumulation × {num_processes} process(es) = global batch "
-             f"{micro_batch * accum * num_processes}), model {config.model}, image_size "
-             f"{config.image_size}, mixed_precision={config.mixed_precision!r}.",
-             f"  error: {first}",
-             "  try, in this order:"]
-    lines += [f"  {i}. {s}" for i, s in enumerate(suggestions(config, micro_batch, accum, num_processes), 1)]
-    return "\n".join(lines)
-
-
-__all__ = ["TrainingOutOfMemoryError", "is_oom", "free_memory", "smaller_batch", "suggestions", "triage"]
+__all__ = ["TrainingOutOfMemoryError", "is_oom", "free_memory", "smaller_batch", "triage"]

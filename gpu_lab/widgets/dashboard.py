@@ -2,8 +2,11 @@
 curves (LivePlot) and GPU / host telemetry (GPUPanel).
 
     run = gpu_lab.launch(train, cfg)
-    run.dashboard()                      # or gpu_lab.Dashboard(run)
+    gpu_lab.Dashboard(run)
     gpu_lab.Dashboard("20260101-120000-ab12cd")   # any run of this host, live or finished
+
+It reads a Run handle (gpu_lab.launch.run) and never the other way round: the handle is headless
+and knows none of its views.
 """
 from __future__ import annotations
 

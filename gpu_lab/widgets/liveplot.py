@@ -16,7 +16,8 @@ import ipywidgets as W
 
 from ..record import events as ev
 from ..record.events import FINAL_STATUSES
-from ..readers.history import MetricHistory, minmax_indices
+from ..readers.history import MetricHistory
+from ..record.decimate import minmax_indices
 from .throttle import MAX_HZ, Flusher, FollowsRun
 
 LOSS = "loss"
@@ -55,7 +56,7 @@ def as_dates(seconds: Any) -> Any:
 
 
 def decimate(x: Any, y: Any, n: int) -> tuple[Any, Any]:
-    """x, y (numpy arrays) reduced to at most n points (gpu_lab.readers.history.minmax_indices)."""
+    """x, y (numpy arrays) reduced to at most n points (gpu_lab.record.decimate.minmax_indices)."""
     import numpy as np
 
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)

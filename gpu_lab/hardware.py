@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..units import GiB
+from .units import GiB
 
 
 @dataclass(frozen=True)
