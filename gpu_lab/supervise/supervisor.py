@@ -146,7 +146,13 @@ def supervise(spec: Spec) -> None:
     try:
         recorder = None
         try:
-            recorder = _start(spec, folder)
+            _become_supervisor(folder)
+            recorder, where = _spawn_recorder(spec, folder)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # a stop meanwhile: raised here
+            _ranks_environment(spec, where["address"])
+            print(f"gpu_lab supervisor pid={os.getpid()} run={spec.run_id} "
+                  f"ranks={spec.num_processes} device={spec.device} port={spec.port} "
+                  f"detach={spec.detach}", flush=True)
             error, in_launch, monitor = _run_ranks(spec, folder)
         except BaseException as exc:  # noqa: BLE001 - the supervisor itself broke
             error, in_launch, monitor = exc, False, None
@@ -158,6 +164,10 @@ def supervise(spec: Spec) -> None:
         if error is not None and (end.status == "failed" or not in_launch):
             print("".join(traceback.format_exception(type(error), error, error.__traceback__)),
                   file=sys.stderr)
+        # The traceback holds the elastic agent and its rendezvous store: freed now, the store's
+        # client closes first. Kept until the exit, the server's side closes first, and the port
+        # stays taken (TIME_WAIT) for a minute after the run.
+        error = None
         _record_end(folder, recorder, end)
     except BaseException:  # noqa: BLE001 - nothing is left to record it with
         pass
@@ -198,30 +208,28 @@ def decide_end(folder: RunFolder, error: BaseException | None, in_launch: bool) 
     return End("failed", EXIT_FAILED, None, trace)
 
 
-def _start(spec: Spec, folder: RunFolder) -> Any:
-    """Become the run's supervisor: a process group of its own, the kernel's sockets and output
-    let go, stop signals caught; start the recorder and set the ranks' environment. Returns the
-    recorder."""
+def _become_supervisor(folder: RunFolder) -> None:
+    """A process group of its own, the kernel's sockets and output let go, stop signals caught."""
     os.setpgid(0, 0)
     _release_inherited_sockets()
     redirect_output(folder.log_file(None))
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     outcome.set_stop_handlers(_raise_stop)  # elastic replaces them while the ranks run
+
+
+def _spawn_recorder(spec: Spec, folder: RunFolder) -> tuple[Any, dict]:
+    """Start the run's recorder, with the stop signals blocked; the caller unblocks them once it
+    holds the recorder. The recorder is a process of its own: this one is a fork of the kernel,
+    where SQLite must not be used (see gpu_lab.record.recorder). A stop that arrives while it
+    starts waits until it is up, so that it hears the end."""
     from ..record import recorder as rec
 
-    # The recorder is a process of its own: this one is a fork of the kernel, where SQLite
-    # must not be used (see gpu_lab.record.recorder). A stop that arrives while it starts
-    # waits until it is up, so that it hears the end.
     signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
-        recorder, where = rec.spawn(spec.registry_path, spec.run_id,
-                                    str(folder.log_file(None)), _keys(spec))
-    finally:
+        return rec.spawn(spec.registry_path, spec.run_id, str(folder.log_file(None)), _keys(spec))
+    except BaseException:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
-    _ranks_environment(spec, where["address"])
-    print(f"gpu_lab supervisor pid={os.getpid()} run={spec.run_id} ranks={spec.num_processes} "
-          f"device={spec.device} port={spec.port} detach={spec.detach}", flush=True)
-    return recorder
+        raise
 
 
 def _ranks_environment(spec: Spec, address: str) -> None:
@@ -259,7 +267,6 @@ def _run_ranks(spec: Spec, folder: RunFolder) -> tuple[BaseException | None, boo
     entry = RankEntry(spec.fn, spec.run_dir, tempdir=_elastic_logs_in(folder))
     monitor = RankMonitor(folder)
     monitor.start()
-    error = None
     try:
         if spec.num_nodes > 1:  # notebook_launcher does not rendezvous there: multinode.py
             from .multinode import launch_nodes
@@ -277,9 +284,10 @@ def _run_ranks(spec: Spec, folder: RunFolder) -> tuple[BaseException | None, boo
                               num_nodes=spec.num_nodes, rdzv_backend=spec.rdzv_backend)
     except BaseException as exc:  # noqa: BLE001 - every outcome is recorded
         _ignore_stop_signals()  # the bookkeeping that follows must not be cut short
-        error = exc
+        watch.done.set()
+        return exc, True, monitor  # (not kept in a local: that would be a reference cycle)
     watch.done.set()
-    return error, True, monitor
+    return None, True, monitor
 
 
 def _keys(spec: Spec) -> Any:
