@@ -248,3 +248,46 @@ def test_an_unpicklable_result_is_one_explained_outcome(tmp_path, capfd):
     assert isinstance(back, outcome.Unpicklable) and back.reason == got.reason
     assert len(logged) == 1 and "could not be pickled" in logged[0]
     assert "could not be pickled" in capfd.readouterr().err
+
+
+class SignalException(Exception):
+    """Named as torch elastic's: the agent's way of saying a stop signal reached it."""
+
+
+def _raised(exc: BaseException) -> BaseException:
+    try:
+        raise exc
+    except BaseException as e:  # noqa: BLE001
+        return e
+
+
+def test_the_end_of_a_run_is_decided_in_one_place(tmp_path):
+    """decide_end reads what ended the launch and the run folder: every status the supervisor can
+    record, with its exit code and reason."""
+    from gpu_lab.supervise.supervisor import _Stop, decide_end
+
+    def end(error, in_launch=True, **files):
+        folder = RunFolder(tmp_path / str(len(list(tmp_path.iterdir())))).create()
+        if "stop" in files:
+            folder.request("stop", files["stop"])
+        for r in files.get("preempted", ()):
+            folder.mark_preempted(r)
+        for r in files.get("errors", ()):
+            folder.write_error(r, {"rank": r})
+        e = decide_end(folder, error, in_launch)
+        return e.status, e.code, e.reason
+
+    assert end(None) == ("succeeded", 0, None)
+    assert end(None, stop="the user asked") == ("stopped", 143, "the user asked")
+    assert end(None, stop="1733000000.5") == ("stopped", 143, "stopped by the user")
+    assert end(_raised(SignalException("15")), True) == \
+        ("stopped", 143, "stopped by a signal (SignalException)")
+    assert end(_raised(RuntimeError("x")), True, stop="the launching kernel exited")[:2] == \
+        ("stopped", 143)
+    assert end(_raised(RuntimeError("agent")), True, preempted=[0, 1]) == \
+        ("stopped", 143, "preempted: rank0, rank1 checkpointed and exited 143")
+    assert end(_raised(RuntimeError("agent")), True, preempted=[0], errors=[1])[:2] == \
+        ("failed", 1)
+    assert end(_raised(RuntimeError("rank 1 broke")), True) == ("failed", 1, None)
+    assert end(_raised(_Stop(15)), False) == ("stopped", 143, "stopped by a signal")
+    assert end(_raised(OSError("no recorder")), False) == ("failed", 1, None)

@@ -334,7 +334,7 @@ class Run:
         same training function and config (`changes` replace config fields that may change, such
         as max_steps). An attached run knows its function only when it is importable (not defined
         in a notebook); pass `fn` (and its `args`) otherwise."""
-        from ..export.entry import resolve_entry
+        from ..rank.address import resolve_entry
 
         if fn is None:
             if self._fn is not None:

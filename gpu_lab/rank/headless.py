@@ -164,7 +164,7 @@ def load_config(path: str):
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     # --- everything is checked before anything starts --------------------------------------------
-    from ..export.entry import EntryError, resolve_entry
+    from .address import EntryError, resolve_entry
 
     try:
         config = load_config(args.config) if args.config else None
