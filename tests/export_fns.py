@@ -99,3 +99,13 @@ def report_only(config=None):
     for step in range(int(getattr(config, "max_steps", None) or 3)):
         gpu_lab.report(step, loss=1.0 / (step + 1))
     return "done"
+
+
+def sighup_self(config=None):
+    return sigterm_self(config, signal.SIGHUP)
+
+
+def returns_unpicklable(config=None):
+    """A training function whose return value cannot be pickled (a lambda)."""
+    gpu_lab.report(0, loss=1.0)
+    return lambda: "not on disk"

@@ -277,7 +277,7 @@ def test_a_read_that_never_returns_is_a_loader_stall_error(shards, tmp_path):
 def _stop_signals_in_a_worker(q) -> None:
     import signal
 
-    from gpu_lab.data.workers import STOP_SIGNALS, ignore_stop_signals
+    from gpu_lab.data.workers import IGNORED_SIGNALS as STOP_SIGNALS, ignore_stop_signals
 
     at_start = signal.pthread_sigmask(signal.SIG_BLOCK, [])
     os.kill(os.getpid(), signal.SIGTERM)  # a stop to the group while the worker is starting
@@ -292,7 +292,7 @@ def test_loader_workers_survive_a_stop_that_arrives_while_they_start():
     afterwards nothing stays blocked, and the starting process's mask is as it was."""
     import signal
 
-    from gpu_lab.data.workers import STOP_SIGNALS, worker_options
+    from gpu_lab.data.workers import IGNORED_SIGNALS as STOP_SIGNALS, worker_options
 
     ctx = worker_options()["multiprocessing_context"]
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])

@@ -91,7 +91,7 @@ def test_single_node_pytorchjob_has_only_a_master():
 
 
 def test_sbatch_script_passes_bash_n_with_signal_requeue_and_resources(tmp_path):
-    from gpu_lab.export.slurm import PREEMPT_EXIT_CODE
+    from gpu_lab.rank.outcome import STOP_EXIT_CODE as PREEMPT_EXIT_CODE
     from gpu_lab.train.guards import PREEMPT_EXIT_CODE as GUARD_EXIT_CODE
 
     job = export(TrainConfig(max_steps=10), "export_fns:train_tiny", "slurm", num_nodes=2,

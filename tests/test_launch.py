@@ -85,6 +85,21 @@ def test_wait_for_step_wakes_on_reports_and_says_when_the_run_ended_first():
         assert forever.stop() == "stopped"
 
 
+def test_an_unpicklable_result_is_recorded_and_explained():
+    """Not a failed run: the run succeeded, the rank's log and the run's record say why there is
+    no value, and result() raises with the reason (the same outcome as a headless run's)."""
+    from gpu_lab.record import events as ev
+
+    run = gpu_lab.launch(launch_fns.returns_unpicklable, num_processes=1)
+    assert run.wait(120) == "succeeded", run.logs(0)
+    with pytest.raises(gpu_lab.launch.RunFailedError,
+                       match=r"rank 0's return value could not be pickled: function: .*lambda"):
+        run.result()
+    assert "could not be pickled" in run.logs(0)
+    notes = Registry().last_events(run.id, [ev.LOG], 10)
+    assert any("could not be pickled" in e["data"]["text"] for e in notes), notes
+
+
 def test_rank_exception_fails_the_run_with_its_traceback():
     run = gpu_lab.launch(launch_fns.rank1_raises, num_processes=2)
     assert run.wait(120) == "failed"

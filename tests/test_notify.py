@@ -16,6 +16,7 @@ import pytest
 
 import gpu_lab
 from gpu_lab.record import notify
+from gpu_lab.record.runfolder import RunFolder
 from gpu_lab.record.registry import Registry
 
 import launch_fns
@@ -75,7 +76,7 @@ def test_launched_runs_send_their_end_to_a_webhook(hook, no_setting):
     # a run with no URL anywhere sends nothing: no file, no sender, not a line in its log
     quiet = gpu_lab.launch(launch_fns.train_linear, 3, num_processes=2, name="notify-quiet")
     assert quiet.wait(180) == "succeeded", quiet.logs(None)
-    assert not (quiet.run_dir / notify.RUN_FILE).exists()
+    assert not (RunFolder(quiet.run_dir).notify_file).exists()
     assert "gpu_lab notify" not in quiet.logs(None, tail=None)
 
     dead = f"json://127.0.0.1:{_closed_port()}/nobody"
@@ -102,7 +103,7 @@ def test_launched_runs_send_their_end_to_a_webhook(hook, no_setting):
     line = next(x for x in ok.logs(None, tail=None).splitlines() if "gpu_lab notify" in x)
     assert "notice sent to 1 of 2 URL(s); not sent: json://127.0.0.1:" in line, line
     for run in (ok, broken):
-        assert not (run.run_dir / notify.RUN_FILE).exists()
+        assert not (RunFolder(run.run_dir).notify_file).exists()
 
 
 def test_a_run_whose_supervisor_died_is_told_as_lost(hook, no_setting):

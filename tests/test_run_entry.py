@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+import gpu_lab
 from gpu_lab.config import TrainConfig
 from gpu_lab.export import export
 from gpu_lab.record.registry import Registry
@@ -108,6 +109,33 @@ def test_slurm_warning_before_fit_starts_still_requeues(tmp_path):
     assert out.returncode == 143, out.stderr[-2000:]
     row = Registry(tmp_path / "home" / "registry.db").get_run("usr1")
     assert row["status"] == "stopped" and "SIGUSR1" in row["error"]
+
+
+def test_a_closed_terminal_is_a_stop_too(tmp_path):
+    """SIGHUP (a terminal closed, or torchrun's agent passing one on) is one of the stop signals:
+    the rank ends 'stopped' with 143, like SIGTERM, instead of dying of it."""
+    out = run_entry(tmp_path, "export_fns:sighup_self", "--run-id", "hup")
+    assert out.returncode == 143, out.stderr[-2000:]
+    row = Registry(tmp_path / "home" / "registry.db").get_run("hup")
+    assert row["status"] == "stopped" and "SIGHUP" in row["error"]
+
+
+def test_an_unpicklable_result_is_recorded_and_explained(tmp_path):
+    """The same outcome as a notebook launch's: the run succeeded, result.pkl says why there is
+    no value, the rank's log and the run's record say so, and Run.result() raises with it."""
+    from gpu_lab.launch import RunFailedError
+    from gpu_lab.record import events as ev
+
+    out = run_entry(tmp_path, "export_fns:returns_unpicklable", "--run-id", "unp")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "could not be pickled" in out.stderr
+    reg = Registry(tmp_path / "home" / "registry.db")
+    assert reg.get_run("unp")["status"] == "succeeded"
+    [note] = reg.last_events("unp", [ev.LOG], 10)
+    assert "could not be pickled" in note["data"]["text"]
+    with pytest.raises(RunFailedError, match=r"rank 0's return value could not be pickled: "
+                                             r"function: .*lambda"):
+        gpu_lab.attach("unp", registry=reg).result(timeout=5)
 
 
 @pytest.mark.timeout(600)

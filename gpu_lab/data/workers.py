@@ -13,18 +13,22 @@ from multiprocessing.context import (BaseContext, ForkContext, ForkProcess, Fork
                                      ForkServerProcess, SpawnContext, SpawnProcess)
 from typing import Any
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+from ..rank.outcome import INTERRUPT_SIGNAL, STOP_SIGNALS, kill_live_workers
+
+# the stop signals and Ctrl-C, which reaches the whole process group too: all are the training
+# process's to handle
+IGNORED_SIGNALS = (*STOP_SIGNALS, INTERRUPT_SIGNAL)
 
 
 def ignore_stop_signals(worker_id: int = 0) -> None:
-    """DataLoader worker_init_fn: a SIGTERM / SIGUSR1 / SIGINT sent to the whole process group is
+    """DataLoader worker_init_fn: a stop signal or a SIGINT sent to the whole process group is
     for the training process to handle (checkpoint, then exit 143); if the workers died of it first,
     the loop would fail on "DataLoader worker killed" before reaching the step boundary. Workers
     still exit when their parent does (PyTorch's worker watchdog), and `end_workers` kills any
     that do not stop when asked."""
-    for s in STOP_SIGNALS:
+    for s in IGNORED_SIGNALS:
         signal.signal(s, signal.SIG_IGN)  # discards one that arrived while blocked (below)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, IGNORED_SIGNALS)
 
 
 class _StopSafe:
@@ -34,7 +38,7 @@ class _StopSafe:
         # stop sent to the process group would otherwise find PyTorch's worker SIGTERM handler,
         # which dies of it (a Stop at the start of an epoch failed the run). The starting
         # process gets its own signal as soon as it unblocks.
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, IGNORED_SIGNALS)
         try:
             super().start()
         finally:
@@ -113,23 +117,5 @@ def kill_workers_at_exit() -> None:
     util.Finalize(None, kill_live_workers, exitpriority=100)  # before the children are joined
 
 
-def kill_live_workers() -> None:
-    """SIGKILL this process's daemonic children that are still alive (it is about to exit).
-
-    DataLoader workers are daemonic: multiprocessing would end them with SIGTERM at exit, which
-    these ignore. (A started Process no longer knows its target, so daemonic is the mark.)"""
-    import threading
-
-    if threading.current_thread() is threading.main_thread():
-        # PyTorch's SIGCHLD handler raises "DataLoader worker killed" for its workers' deaths,
-        # which would cut this loop short after the first one
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    workers = [p for p in mp.active_children() if p.daemon]
-    for p in workers:
-        p.kill()
-    for p in workers:
-        p.join(5.0)
-
-
 __all__ = ["ignore_stop_signals", "worker_options", "end_workers", "kill_workers_at_exit",
-           "kill_live_workers", "STOP_SIGNALS"]
+           "kill_live_workers", "IGNORED_SIGNALS"]

@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 from ..config import TrainConfig
 from .accelerate_launch import accelerate_config_yaml, accelerate_launch
-from .entry import EntryError, entry_of, parse_entry, resolve_entry
+from ..rank.address import EntryError, entry_of, parse_entry, resolve_entry
 from .job import Export, JobSpec, k8s_name
 from .kubernetes import configmap_yaml, kubernetes, pytorchjob_yaml
 from .quoting import shell_join

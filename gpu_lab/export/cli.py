@@ -95,7 +95,7 @@ def _grafana(args: argparse.Namespace) -> int:
 def _jobs(args: argparse.Namespace) -> int:
     from ..config import TrainConfig
     from . import export
-    from .entry import EntryError
+    from ..rank.address import EntryError
 
     # like `python -m`, find the user's module in the current directory
     if os.getcwd() not in sys.path:

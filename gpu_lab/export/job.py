@@ -15,7 +15,7 @@ from typing import Mapping
 
 from . import checks
 from ..config import TrainConfig
-from .entry import EntryError, parse_entry, resolve_entry
+from ..rank.address import EntryError, parse_entry, resolve_entry
 from .quoting import shell_join, value
 
 DEVICES = ("cuda", "cpu")
@@ -68,7 +68,7 @@ class JobSpec:
             raise TypeError(f"JobSpec.config: got {type(self.config).__name__}; expected a "
                             "TrainConfig or a dict of its fields")
         if callable(self.entry):
-            from .entry import entry_of
+            from ..rank.address import entry_of
 
             self.entry = entry_of(self.entry)
         checks.text("JobSpec.entry", self.entry)

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import re
 
+from ..rank.outcome import STOP_EXIT_CODE  # torch-free: an export never imports torch
 from .job import Export, JobSpec
 from .quoting import env_assignment, shell_join, value
 
 SCRIPT = "train.sbatch"
-PREEMPT_EXIT_CODE = 143  # gpu_lab.train.guards.PREEMPT_EXIT_CODE (128 + SIGTERM); no torch import
 SIGNAL_LEAD_S = 90       # seconds before the time limit: enough for one step and one checkpoint
 # what an #SBATCH option may hold: sbatch splits a directive at whitespace, reads quotes and stops
 # at '#', so anything else would change what the option says
@@ -48,7 +48,7 @@ def sbatch_script(spec: JobSpec) -> str:
     sb += [(f"--cpus-per-task={spec.cpus_per_task}", "DataLoader workers + the main thread"),
            (f"--time={spec.time_limit}", ""),
            (f"--signal=SIGUSR1@{SIGNAL_LEAD_S}",
-            f"{SIGNAL_LEAD_S} s before the time limit: checkpoint, exit {PREEMPT_EXIT_CODE}"),
+            f"{SIGNAL_LEAD_S} s before the time limit: checkpoint, exit {STOP_EXIT_CODE}"),
            ("--requeue", "the job may be put back in the queue"),
            ("--open-mode=append", "a requeued run appends to the same log"),
            ("--output=%x-%j.out", "")]
@@ -84,9 +84,9 @@ echo "gpu_lab: job $SLURM_JOB_ID attempt ${{SLURM_RESTART_COUNT:-0}} on $SLURM_J
 
 {run}
 rc=$?
-if [ "$rc" -eq {PREEMPT_EXIT_CODE} ]; then
-    # the PreemptionGuard saved a checkpoint and exited {PREEMPT_EXIT_CODE}: run again later, resume
-    echo "gpu_lab: job $SLURM_JOB_ID preempted (exit {PREEMPT_EXIT_CODE}); requeueing" >&2
+if [ "$rc" -eq {STOP_EXIT_CODE} ]; then
+    # the PreemptionGuard saved a checkpoint and exited {STOP_EXIT_CODE}: run again later, resume
+    echo "gpu_lab: job $SLURM_JOB_ID preempted (exit {STOP_EXIT_CODE}); requeueing" >&2
     scontrol requeue "$SLURM_JOB_ID"
     exit 0
 fi
@@ -108,8 +108,8 @@ def slurm(spec: JobSpec) -> Export:
         f"The part of a Slurm job that saves work is the end of a "
         f"time slot: `--signal=SIGUSR1@{SIGNAL_LEAD_S}` sends SIGUSR1 to every rank "
         f"{SIGNAL_LEAD_S} s before the limit; the training toolkit's PreemptionGuard finishes "
-        f"the step, writes a checkpoint and exits {PREEMPT_EXIT_CODE}; srun returns "
-        f"{PREEMPT_EXIT_CODE}; the script calls `scontrol requeue`, and the next attempt "
+        f"the step, writes a checkpoint and exits {STOP_EXIT_CODE}; srun returns "
+        f"{STOP_EXIT_CODE}; the script calls `scontrol requeue`, and the next attempt "
         "resumes from the newest complete checkpoint (resume=True in the config; output_dir "
         "must be on storage every node sees). A scheduler preemption (SIGTERM) takes the same "
         "path.",

@@ -66,14 +66,14 @@ def from_exitcode(rank: int, exitcode: int | None, pid: int | None = None,
                        pid=pid, suggestions=list(SUGGESTIONS[USER]), t=t or time.time())
 
 
-def read_failures(run_dir: str | Path) -> list[RankFailure]:
-    """The failures the run's ranks (or its supervisor, for a killed rank) wrote in
-    `<run_dir>/errors/rank<N>.json`; an unreadable file is skipped (a rank died writing it)."""
+def failures_of(errors) -> list[RankFailure]:
+    """The failures in the error files the run's ranks (or its supervisor, for a killed rank)
+    wrote (RunFolder.read_errors()); one that does not parse is skipped (a rank died writing it)."""
     failures = []
-    for p in sorted((Path(run_dir) / "errors").glob("rank*.json")):
+    for d in errors:
         try:
-            failures.append(RankFailure.from_dict(json.loads(p.read_text())))
-        except (OSError, ValueError, TypeError):
+            failures.append(RankFailure.from_dict(d))
+        except (ValueError, TypeError, AttributeError):
             continue
     return failures
 
@@ -143,5 +143,5 @@ class RunError:
         return f"<pre style='color:#b00'>{html.escape(str(self))}</pre>"
 
 
-__all__ = ["RankFailure", "RunError", "categorize", "from_exception", "from_exitcode", "read_failures",
+__all__ = ["RankFailure", "RunError", "categorize", "from_exception", "from_exitcode", "failures_of",
            "CATEGORIES", "OOM", "COMM", "DATA", "STORAGE", "USER", "SIGNAL"]

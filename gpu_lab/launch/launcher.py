@@ -10,15 +10,17 @@ import weakref
 from pathlib import Path
 from typing import Any, Callable
 
-from ..access import private_dir, private_if_new
+from ..access import private_dir
 from ..config import TrainConfig
 from ..record import notify as notices
-from ..record.registry import Registry, home
+from ..record.registry import Registry
+from ..record.runfolder import RunFolder
 from ..record.channel import RunKeys, save_client_key
 from ..record.events import ACTIVE_STATUSES
 from ..telemetry.probe import gpu_count
 from . import checks as pf
-from .run import FINAL, Run, terminate_tree
+from .run import FINAL, Run
+from ..supervise.kill import terminate_tree
 from ..supervise.supervisor import Spec, supervise
 
 _launched: "weakref.WeakSet[Run]" = weakref.WeakSet()
@@ -50,13 +52,7 @@ def launch(fn: Callable, *args: Any, num_processes: int | None = None,
       any process starts.
     Inside `fn`, use gpu_lab.accelerator() and gpu_lab.report(step, loss=...).
     """
-    if isinstance(config, dict):
-        config = TrainConfig.from_dict(config)
-    if config is None:
-        config = next((a for a in args if isinstance(a, TrainConfig)), None)
-    if config is not None and not isinstance(config, TrainConfig):
-        raise TypeError(f"launch: config must be a TrainConfig, a dict or None; got "
-                        f"{type(config).__name__}")
+    config = _config_of(config, args)
     spec = Spec(fn=fn, args=args,
                 num_processes=num_processes if num_processes is not None
                 else (config.num_processes if config is not None else None),
@@ -71,30 +67,59 @@ def launch(fn: Callable, *args: Any, num_processes: int | None = None,
     spec.check_device(gpus)
     registry = Registry()
     source = _resume_source(resume, config, registry) if resume is not None else None
+    _prepare_host(spec, gpus)
+    run = _create_run(spec, config, source, registry, notebook)
+    notices.save(run.run_dir, notify_urls)  # for the recorder's sender, at the run's end
+    run._fn, run._args = fn, args
+    run._launch_kw = {"num_processes": num_processes, "mixed_precision": mixed_precision,
+                      "name": name, "detach": detach, "env": env, "num_nodes": num_nodes,
+                      "node_rank": node_rank, "master_addr": master_addr,
+                      "rdzv_backend": rdzv_backend, "notebook": notebook, "notify": notify}
+    _start_supervisor(run, spec, registry)
+    return run
 
-    # --- the kernel must be safe to fork -----------------------------------------------------------
+
+def _config_of(config: TrainConfig | dict | None, args: tuple) -> TrainConfig | None:
+    if isinstance(config, dict):
+        config = TrainConfig.from_dict(config)
+    if config is None:
+        config = next((a for a in args if isinstance(a, TrainConfig)), None)
+    if config is not None and not isinstance(config, TrainConfig):
+        raise TypeError(f"launch: config must be a TrainConfig, a dict or None; got "
+                        f"{type(config).__name__}")
+    return config
+
+
+def _prepare_host(spec: Spec, gpus: int) -> None:
+    """The kernel must be safe to fork; then the number of ranks and the port, if not given."""
     pf.preflight(spec.device)
     if spec.num_processes is None:
         spec.num_processes = gpus if gpus > 0 else 2
         if gpus == 0:
             print("gpu_lab.launch: NVML reports no GPU; launching 2 CPU processes (gloo).",
                   flush=True)
+    master_addr = spec.master_addr
     if spec.port is None:
         spec.port = pf.free_port(master_addr if master_addr in ("127.0.0.1", "localhost")
                                  else "0.0.0.0")
-    elif node_rank == 0 and pf.port_in_use(spec.port, "0.0.0.0" if num_nodes > 1 else master_addr):
+    elif spec.node_rank == 0 and pf.port_in_use(spec.port, "0.0.0.0" if spec.num_nodes > 1
+                                                else master_addr):
         raise ValueError(f"launch: port {spec.port} is in use; pass port=None to choose a free one")
 
+
+def _create_run(spec: Spec, config: TrainConfig | None, source: dict | None, registry: Registry,
+                notebook: str | None) -> Run:
+    """The run's id, folder, channel keys, checkpoint folder and registry row; its handle."""
     spec.run_id = time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
-    spec.name = spec.name or getattr(fn, "__name__", "run")
-    run_dir = home() / "runs" / spec.run_id
-    _private_run_dir(run_dir)
-    notices.save(run_dir, notify_urls)  # for the recorder's sender, at the run's end
+    spec.name = spec.name or getattr(spec.fn, "__name__", "run")
+    # owner-only (gpu_lab.access): what is made below it later (ranks/, errors/, control/,
+    # elastic/) is out of other users' reach whatever its own mode
+    folder = RunFolder.of(spec.run_id).create(fresh=True)
     # the run's channel keys: the client key for its ranks and the owner's readers, the server
     # pair for its recorder (handed over by the supervisor, never on disk)
     spec.keys = RunKeys.new()
-    save_client_key(run_dir, spec.keys.client)
-    spec.run_dir, spec.registry_path = str(run_dir), str(registry.path)
+    save_client_key(folder.path, spec.keys.client)
+    spec.run_dir, spec.registry_path = str(folder.path), str(registry.path)
     output_dir = None
     if config is not None:  # the run's own folder; the ranks get it as cfg.output_dir
         # absolute: the registry row is read from other working directories (the server, attach)
@@ -102,22 +127,20 @@ def launch(fn: Callable, *args: Any, num_processes: int | None = None,
         _private_output_dir(output_dir)
         ranks_config = config.replace(output_dir=output_dir,
                                       resume_from=source["path"] if source else None)
-        spec.args = tuple(ranks_config if a is config else a for a in args)
+        spec.args = tuple(ranks_config if a is config else a for a in spec.args)
     registry.create_run(spec.run_id, name=spec.name,
                         config=config.to_dict() if config is not None else None,
-                        num_processes=spec.num_processes, num_nodes=num_nodes,
-                        node_rank=node_rank, output_dir=output_dir, run_dir=str(run_dir),
-                        notebook=notebook or _notebook_path(), detach=int(detach),
-                        entry=_entry_of(fn), resumed_from=source)
-    run = Run(spec.run_id, spec.name, run_dir, spec.num_processes, registry, config=config,
-              port=spec.port, device=spec.device, detach=detach, output_dir=output_dir,
-              resumed_from=source)
-    run._fn, run._args = fn, args
-    run._launch_kw = {"num_processes": num_processes, "mixed_precision": mixed_precision,
-                      "name": name, "detach": detach, "env": env, "num_nodes": num_nodes,
-                      "node_rank": node_rank, "master_addr": master_addr,
-                      "rdzv_backend": rdzv_backend, "notebook": notebook, "notify": notify}
+                        num_processes=spec.num_processes, num_nodes=spec.num_nodes,
+                        node_rank=spec.node_rank, output_dir=output_dir, run_dir=spec.run_dir,
+                        notebook=notebook or _notebook_path(), detach=int(spec.detach),
+                        entry=_entry_of(spec.fn), resumed_from=source)
+    return Run(spec.run_id, spec.name, folder.path, spec.num_processes, registry, config=config,
+               port=spec.port, device=spec.device, detach=spec.detach, output_dir=output_dir,
+               resumed_from=source)
 
+
+def _start_supervisor(run: Run, spec: Spec, registry: Registry) -> None:
+    """Fork the supervisor, record its pid, follow the run's events and reap it when it ends."""
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
@@ -139,16 +162,6 @@ def launch(fn: Callable, *args: Any, num_processes: int | None = None,
     run._follow()
     threading.Thread(target=_wait_supervisor, args=(run, pid), daemon=True,
                      name=f"gpu_lab-wait-{spec.run_id}").start()
-    return run
-
-
-def _private_run_dir(run_dir: Path) -> None:
-    """The run's folder, owner-only (gpu_lab.access): what is made below it later (ranks/,
-    errors/, control/, elastic/) is out of other users' reach whatever its own mode."""
-    private_if_new(run_dir.parent)  # runs/
-    run_dir.mkdir()  # a fresh id: an existing folder would be another run's
-    private_dir(run_dir)
-    private_dir(run_dir / "logs")
 
 
 def _private_output_dir(output_dir: str) -> None:
@@ -221,6 +234,9 @@ def _wait_supervisor(run: Run, pid: int) -> None:
     row = run._registry.get_run(run.id)
     if row is not None:
         run._finish(row["status"] if row["status"] in FINAL else "lost", code, row.get("reason"))
+
+
+Run._launch = staticmethod(launch)  # what Run.resume() calls: the handle never imports this module
 
 
 def _notebook_path() -> str | None:

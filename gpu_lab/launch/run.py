@@ -1,4 +1,3 @@
-# Long: one handle for a run, whoever launched it: state, events, control, results, resume.
 """Run: a handle on one training run, from the kernel that launched it or from any other process.
 
 The run's record belongs to the run: its supervisor records every event in the registry and
@@ -10,20 +9,19 @@ handle (gpu_lab.Dashboard(run)): the handle never imports its views.
 """
 from __future__ import annotations
 
-import json
 import os
-import pickle
-import signal
 import threading
-import time
 from collections import deque
 from pathlib import Path
 from typing import Any, Callable
 
 from ..record.registry import Registry
 from ..record import events as ev
+from ..record.runfolder import RunFolder
+from ..rank import outcome
 from ..readers.runmetrics import ATTACH_POINTS, RunMetrics
 from ..failures import triage
+from ..supervise.kill import terminate_tree
 
 FINAL = ev.FINAL_STATUSES
 NOTES_KEPT = 500  # newest events of each non-metric kind read at attach (their totals are counted)
@@ -42,6 +40,10 @@ class Run:
     continues another's checkpoint.
     """
 
+    # the launch function, for resume(): set by gpu_lab.launch.launcher, which makes Run handles
+    # (the handle never imports its launcher)
+    _launch: Callable[..., "Run"] | None = None
+
     def __init__(self, run_id: str, name: str, run_dir: Path, num_processes: int,
                  registry: Registry, config: Any = None, port: int | None = None,
                  device: str = "cpu", *, detach: bool = False, output_dir: str | None = None,
@@ -49,6 +51,7 @@ class Run:
         self.id = run_id
         self.name = name
         self.run_dir = Path(run_dir)
+        self.folder = RunFolder(self.run_dir)
         self.num_processes = num_processes
         self.config = config
         self.port = port
@@ -145,14 +148,9 @@ class Run:
         if self._status != "succeeded":
             detail = f"\n{self.error}" if self.error else (f" ({self.reason})" if self.reason else "")
             raise RunFailedError(f"run {self.id} {self._status}; no result{detail}")
-        p = self.run_dir / "result.pkl"
-        if not p.exists():
-            return None
-        with open(p, "rb") as f:
-            value = pickle.load(f)  # written by this run's own rank 0
-        reason = getattr(value, "reason", None)
-        if type(value).__name__ == "_Unpicklable":
-            raise RunFailedError(f"rank 0's return value could not be pickled: {reason}")
+        value = outcome.read_result(self.folder)
+        if isinstance(value, outcome.Unpicklable):
+            raise RunFailedError(f"rank 0's return value could not be pickled: {value.reason}")
         return value
 
     @property
@@ -164,20 +162,12 @@ class Run:
 
     def _load_errors(self) -> triage.RunError | None:
         failures = []
-        d = self.run_dir / "errors"
-        if d.is_dir():
-            for p in sorted(d.glob("rank*.json")):
-                try:
-                    failures.append(triage.RankFailure.from_dict(json.loads(p.read_text())))
-                except (OSError, ValueError):
-                    continue
-        note = None
-        sp = self.run_dir / "status.json"
-        if sp.exists():
+        for d in self.folder.read_errors():
             try:
-                note = json.loads(sp.read_text()).get("note") or None
-            except ValueError:
-                pass
+                failures.append(triage.RankFailure.from_dict(d))
+            except (TypeError, ValueError):
+                continue
+        note = (self.folder.read_status() or {}).get("note") or None
         if not failures and note is None:
             note = getattr(self, "_row_error", None)  # what the registry holds (a headless job's)
         if not failures and note is None and self.exitcode is not None:
@@ -188,8 +178,7 @@ class Run:
 
     def logs(self, rank: int | None = 0, tail: int | None = 50) -> str:
         """The last `tail` lines of a rank's stdout+stderr (rank=None: the supervisor's)."""
-        name = "supervisor.log" if rank is None else f"rank{rank}.log"
-        p = self.run_dir / "logs" / name
+        p = self.folder.log_file(rank)
         if not p.exists():
             return ""
         with open(p, "rb") as f:
@@ -327,7 +316,7 @@ class Run:
     # --- control ---------------------------------------------------------------------------------
     def request_checkpoint(self) -> None:
         """Ask the training loop to save a checkpoint at its next step boundary."""
-        _touch(self.run_dir / "control" / "checkpoint")
+        self.folder.request("checkpoint")
 
     def stop(self, grace: float = 5.0, timeout: float = 15.0,
              reason: str = "stopped by the user") -> str:
@@ -346,8 +335,7 @@ class Run:
         same training function and config (`changes` replace config fields that may change, such
         as max_steps). An attached run knows its function only when it is importable (not defined
         in a notebook); pass `fn` (and its `args`) otherwise."""
-        from .launcher import launch
-        from ..export.entry import resolve_entry
+        from ..rank.address import resolve_entry
 
         if fn is None:
             if self._fn is not None:
@@ -367,8 +355,9 @@ class Run:
         else:
             args = tuple(config if a is self.config else a for a in args)
         kw = {k: v for k, v in self._launch_kw.items() if k != "config"}
-        return launch(fn, *args, config=config, resume=self, name=kw.pop("name", self.name),
-                      detach=kw.pop("detach", self.detach), **kw)
+        return type(self)._launch(fn, *args, config=config, resume=self,
+                                  name=kw.pop("name", self.name),
+                                  detach=kw.pop("detach", self.detach), **kw)
 
     def __repr__(self) -> str:
         return (f"Run(id={self.id!r}, name={self.name!r}, status={self._status!r}, "
@@ -407,85 +396,3 @@ def attach(run_id_or_name: str, registry: Registry | None = None) -> Run:
     return run
 
 
-def _touch(p: Path, text: str = "") -> None:
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(text or str(time.time()))
-
-
-def terminate_tree(pid: int, run_dir: Path | None, grace: float = 5.0,
-                   pid_started: float | None = None, reason: str = "stopped") -> None:
-    """End a supervisor's whole process tree: graceful (SIGTERM), then forceful (SIGKILL).
-
-    The tree is snapshotted first, because once the supervisor dies its workers are re-parented
-    and can no longer be found through it; the process group catches anything started later.
-    """
-    import psutil
-
-    if run_dir is not None:
-        _touch(Path(run_dir) / "control" / "stop", reason)
-    try:
-        sup = psutil.Process(pid)
-        if pid_started is not None and abs(sup.create_time() - pid_started) > 1.0:
-            return  # the pid was reused by an unrelated process
-        procs = [sup] + sup.children(recursive=True)
-    except psutil.Error:
-        return
-    try:
-        pgid = os.getpgid(pid)
-    except OSError:
-        pgid = None
-    if pgid is not None and pgid == os.getpgid(0):
-        pgid = None  # never signal our own group (the supervisor failed to set its own)
-    _signal_all(procs, pgid, signal.SIGTERM)
-    # Poll rather than psutil.wait_procs: that would waitpid() the supervisor, which is our child,
-    # and steal its exit status from the thread that waits for it.
-    _wait_gone(procs, grace)
-    # Ranks that ignored SIGTERM go first; the supervisor then has a moment to record the end
-    # (a supervisor killed before that leaves a run that readers call lost).
-    ranks = [p for p in procs[1:] if _alive(p) and not _is_recorder(p)]
-    if ranks:
-        _signal_all(ranks, None, signal.SIGKILL)
-        _wait_gone(ranks, 5.0)
-        _wait_gone(procs[:1], 5.0)
-    leftover = [p for p in procs if _alive(p)]
-    if leftover:
-        _signal_all(leftover, pgid, signal.SIGKILL)
-        _wait_gone(leftover, 5.0)
-
-
-def _is_recorder(p) -> bool:
-    """The run's recorder: it writes the end the supervisor hands it, and exits by itself."""
-    try:
-        return "gpu_lab.record.recorder" in p.cmdline()
-    except Exception:  # noqa: BLE001 - gone, or not ours to read
-        return False
-
-
-def _wait_gone(procs: list, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(_alive(p) for p in procs):
-        time.sleep(0.05)
-
-
-def _alive(p: Any) -> bool:
-    import psutil
-
-    try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def _signal_all(procs: list, pgid: int | None, sig: int) -> None:
-    import psutil
-
-    if pgid is not None:
-        try:
-            os.killpg(pgid, sig)
-        except OSError:
-            pass
-    for p in procs:
-        try:
-            p.send_signal(sig)
-        except psutil.Error:
-            pass

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..record import events as ev
+from ..record.runfolder import RunFolder
 
 
 def device_kind() -> str:
@@ -71,8 +72,9 @@ def _destroy_process_group_at_exit() -> None:
 
 
 def control_dir() -> Path | None:
-    d = os.environ.get(ev.ENV_RUN_DIR)
-    return Path(d) / "control" if d else None
+    """Where this rank's run takes requests (None outside a launched run)."""
+    folder = RunFolder.from_env()
+    return folder.control_dir if folder is not None else None
 
 
 def control_requested(name: str, consume: bool = False) -> bool:
@@ -81,15 +83,5 @@ def control_requested(name: str, consume: bool = False) -> bool:
     It is a stat() call: cheap, but call it at a step boundary, not per sample. Ranks should agree
     on the answer through a broadcast from rank 0 (the training loop does).
     """
-    d = control_dir()
-    if d is None:
-        return False
-    p = d / name
-    if p.exists():
-        if consume:
-            try:
-                p.unlink()
-            except FileNotFoundError:
-                pass
-        return True
-    return False
+    folder = RunFolder.from_env()
+    return folder is not None and folder.control_requested(name, consume)

@@ -19,7 +19,7 @@ alone. No kernel is listening, so each rank records its own metrics:
   launcher process (torchrun's agent) or from the Slurm job id, or given with `--run-id`.
 - the outcome lands in the registry: succeeded; failed with the rank's exception; or stopped when
   the training toolkit's PreemptionGuard exits with 143 (Slurm then requeues, see gpu_lab.export),
-  or when SIGTERM / SIGUSR1 arrive outside fit() (also exit 143).
+  or when a stop signal (SIGTERM, SIGUSR1, SIGHUP) arrives outside fit() (also exit 143).
 
 TensorBoard logging is the training toolkit's (TrainConfig.tensorboard, under output_dir).
 """
@@ -41,7 +41,7 @@ from typing import Any, Sequence
 
 from ..record.events import ACTIVE_STATUSES
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_PREEMPTED = 0, 1, 2, 143
+from . import outcome
 
 
 @dataclass
@@ -161,36 +161,11 @@ def load_config(path: str):
         raise ValueError(f"--config {path!r}: not valid JSON ({exc})") from None
 
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-
-
-def _raise_stop(signum, frame) -> None:
-    """SIGTERM (torchrun's shutdown, `stop_run`, a scheduler) or SIGUSR1 (Slurm's warning before
-    the time limit) outside fit() ends the rank as 'stopped' with exit code 143, so that the
-    sbatch script requeues it, rather than as a silent death (SIGUSR1's default action kills the
-    process: a warning that arrives while the ranks still import torch would lose the job).
-    fit() installs its own PreemptionGuard while it runs (checkpoint first) and restores this
-    handler afterwards."""
-    raise Stopped(signum)
-
-
-class Stopped(SystemExit):
-    """A stop signal arrived outside the training toolkit's guard; exits with 143."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(EXIT_PREEMPTED)
-        self.signum = signum
-
-    def __str__(self) -> str:
-        return (f"stopped by {signal.Signals(self.signum).name} outside fit()'s preemption guard "
-                f"(exit code {EXIT_PREEMPTED}); no checkpoint was written by gpu_lab")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     # --- everything is checked before anything starts --------------------------------------------
-    from ..export.entry import EntryError, resolve_entry
     from ..record import notify
+    from .address import EntryError, resolve_entry
 
     try:
         config = load_config(args.config) if args.config else None
@@ -200,69 +175,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         notify_urls = notify.configured()  # a bad GPU_LAB_NOTIFY is refused before the run
     except (EntryError, ValueError, TypeError) as exc:
         print(f"gpu_lab.rank.headless: {exc}", file=sys.stderr, flush=True)
-        return EXIT_USAGE
+        return outcome.EXIT_USAGE
 
-    from ..access import private_dir, private_if_new
-    from ..record.registry import Registry, home
-    from ..record import events as ev
-    from ..record import reporter as rep
-    from ..record.channel import ENV_KEY
-    from ..record.recorder import Recorder
+    from ..access import private_if_new
+    from ..record.registry import Registry
+    from ..record.runfolder import RunFolder
 
     registry = Registry()
-    run_dir = home() / "runs" / run_id
-    private_if_new(run_dir.parent)  # runs/
-    private_dir(run_dir)  # the same folder on every local rank, and after a requeue
-    private_dir(run_dir / "logs")
+    # the same folder on every local rank, and after a requeue
+    folder = RunFolder.of(run_id).create(fresh=False)
     if config is not None:  # a folder the user made stays as they made it
         private_if_new(Path(config.output_dir).expanduser())
+
     def open_row() -> None:
-        _open_row(registry, run_id, topo, config, run_dir,
+        _open_row(registry, run_id, topo, config, folder.path,
                   args.name or getattr(fn, "__name__", "run"))
 
     if topo.is_node_leader:
         open_row()
-
-    # this rank's own recorder makes its own channel key: it never leaves this process and its
-    # children (DataLoader workers report too), and no other process needs it (nothing publishes)
-    recorder = Recorder(registry, run_id, publish=False)
-    os.environ.update({ev.ENV_RUN_ID: run_id, ev.ENV_ADDRESS: recorder.address,
-                       ENV_KEY: recorder.client_key.encode(), ev.ENV_RUN_DIR: str(run_dir)})
-    rep.reset_reporter()
-    reporter = rep.get_reporter()
-    if threading.current_thread() is threading.main_thread():
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, _raise_stop)
-
-    status, code, error = "succeeded", EXIT_OK, None
+    recorder, reporter = _start_recording(registry, run_id, folder)
     try:
-        result = fn(config) if config is not None else fn()
-        if topo.rank == 0:
-            _write_result(run_dir, result)
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_FAILED)
-        if code == EXIT_PREEMPTED:
-            status, error = "stopped", f"rank {topo.rank}: {exc}"
-        elif code != 0:
-            status, error = "failed", f"rank {topo.rank}: SystemExit({exc.code!r})"
-    except KeyboardInterrupt:
-        status, code, error = "stopped", 130, f"rank {topo.rank}: interrupted (SIGINT)"
-    except BaseException as exc:  # noqa: BLE001 - recorded, then the process fails
-        from ..failures import triage
-
-        failure = triage.from_exception(topo.rank, exc)
-        failure.pid = os.getpid()
-        from ..supervise.supervisor import write_atomic
-
-        write_atomic(private_dir(run_dir / "errors") / f"rank{topo.rank}.json",
-                     json.dumps(failure.to_dict()).encode())
-        traceback.print_exc()
-        status, code = "failed", EXIT_FAILED
-        error = f"rank {topo.rank}: {type(exc).__name__}: {exc}"
+        status, code, error = _call(fn, config, topo, folder, reporter)
     finally:
-        if threading.current_thread() is threading.main_thread():
-            for sig in STOP_SIGNALS:  # a second signal must not cut the bookkeeping short;
-                signal.signal(sig, signal.SIG_IGN)  # it takes seconds, SIGKILL still works
         reporter.close(2.5)  # the last reports go to the recorder, which writes them and closes
         recorder.close()
 
@@ -282,6 +216,54 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{registry.path} ({recorder.write_errors} failed write(s))", file=sys.stderr,
               flush=True)
     return code
+
+
+def _start_recording(registry: Any, run_id: str, folder: Any) -> tuple[Any, Any]:
+    """This rank's own recorder, and gpu_lab.report pointed at it. The recorder makes its own
+    channel key: it never leaves this process and its children (DataLoader workers report too),
+    and no other process needs it (nothing publishes)."""
+    from ..record import events as ev
+    from ..record import reporter as rep
+    from ..record.channel import ENV_KEY
+    from ..record.recorder import Recorder
+
+    recorder = Recorder(registry, run_id, publish=False)
+    os.environ.update({ev.ENV_RUN_ID: run_id, ev.ENV_ADDRESS: recorder.address,
+                       ENV_KEY: recorder.client_key.encode(), ev.ENV_RUN_DIR: str(folder.path)})
+    rep.reset_reporter()
+    return recorder, rep.get_reporter()
+
+
+def _call(fn: Any, config: Any, topo: Topology, folder: Any,
+          reporter: Any) -> tuple[str, int, str | None]:
+    """Run the training function; (status, exit code, error) of this rank, its result or its
+    failure recorded in the run folder (gpu_lab.rank.outcome). A stop signal outside fit() ends
+    it as 'stopped' with exit code 143 (outcome.raise_stopped)."""
+    on_main = threading.current_thread() is threading.main_thread()
+    if on_main:
+        outcome.set_stop_handlers(outcome.raise_stopped)
+    try:
+        result = fn(config) if config is not None else fn()
+        if topo.rank == 0:
+            outcome.write_result(folder, result, reporter)
+        return "succeeded", outcome.EXIT_OK, None
+    except SystemExit as exc:
+        code = outcome.exit_code(exc)
+        if code == outcome.STOP_EXIT_CODE:
+            return "stopped", code, f"rank {topo.rank}: {exc}"
+        if code != 0:
+            return "failed", code, f"rank {topo.rank}: SystemExit({exc.code!r})"
+        return "succeeded", code, None
+    except KeyboardInterrupt:
+        return ("stopped", outcome.EXIT_INTERRUPTED,
+                f"rank {topo.rank}: interrupted (SIGINT)")
+    except BaseException as exc:  # noqa: BLE001 - recorded, then the process fails
+        outcome.write_error(folder, topo.rank, exc)
+        traceback.print_exc()
+        return "failed", outcome.EXIT_FAILED, f"rank {topo.rank}: {type(exc).__name__}: {exc}"
+    finally:
+        if on_main:  # a second signal must not cut the bookkeeping short
+            outcome.set_stop_handlers(signal.SIG_IGN)
 
 
 def _open_row(registry: Any, run_id: str, topo: Topology, config: Any, run_dir: Path,
@@ -320,18 +302,6 @@ def _close_row(registry: Any, run_id: str, topo: Topology, status: str, error: s
     row = registry.get_run(run_id)
     if row is not None and row["status"] in ACTIVE_STATUSES:
         registry.set_status(run_id, status, error=error)
-
-
-def _write_result(run_dir: Path, result: Any) -> None:
-    import pickle
-
-    from ..supervise.supervisor import write_atomic
-
-    try:
-        payload = pickle.dumps(result)
-    except Exception:  # noqa: BLE001 - an unpicklable result is not a failed run
-        return
-    write_atomic(run_dir / "result.pkl", payload)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 ENV_KEY = "GPU_LAB_EVENTS_KEY"   # the run's client key, for the ranks (ClientKey.encode())
-KEY_FILE = "channel.key"         # the same, in the run folder, for the owner's readers
 ZAP_DOMAIN = b"gpu_lab"
 _Z85_LEN = 40
 
@@ -106,23 +105,20 @@ class RunKeys:
 
 def save_client_key(run_dir: str | os.PathLike, key: ClientKey) -> Path:
     """Write the run's client key where the owner's readers look for it (owner-only mode)."""
-    from ..access import open_private
+    from .runfolder import RunFolder
 
-    path = Path(run_dir) / KEY_FILE
-    fd = open_private(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    with os.fdopen(fd, "w") as f:
-        f.write(key.encode())
-    return path
+    return RunFolder(run_dir).write_key(key.encode())
 
 
 def load_client_key(run_dir: str | os.PathLike | None) -> ClientKey | None:
     """The run's client key from its folder; None where there is none or it cannot be read
     (another user's run): such a reader follows the registry only, if it can read that."""
-    if not run_dir:
-        return None
+    from .runfolder import RunFolder
+
+    text = RunFolder(run_dir).read_key() if run_dir else None
     try:
-        return ClientKey.decode((Path(run_dir) / KEY_FILE).read_text())
-    except (OSError, ValueError):
+        return ClientKey.decode(text) if text is not None else None
+    except ValueError:
         return None
 
 

@@ -36,9 +36,10 @@ import time
 from pathlib import Path
 from typing import Any, Sequence, TextIO
 
+from .runfolder import RunFolder
+
 ENV = "GPU_LAB_NOTIFY"
 FILE_NAME = "notify.txt"  # in GPU_LAB_HOME
-RUN_FILE = "notify.json"  # in a launched run's folder, until the notice is sent
 SEND_TIMEOUT_S = 30.0
 # apprise's notification types, by how a run ended
 KINDS = {"succeeded": "success", "failed": "failure", "stopped": "info", "lost": "warning"}
@@ -104,7 +105,7 @@ def save(run_dir: str | os.PathLike, urls: list[str]) -> None:
     """Keep a launched run's URLs for its recorder's sender (nothing when there are none)."""
     if not urls:
         return
-    path = Path(run_dir) / RUN_FILE
+    path = RunFolder(run_dir).notify_file
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.fchmod(fd, 0o600)  # not the share group's file mode: the URLs hold credentials
     with open(fd, "w") as f:
@@ -117,9 +118,9 @@ def after_end(registry: Any, run_id: str) -> None:
     the run has URLs. Never raises, never waits for the sender."""
     try:
         row = registry.get_run(run_id)
-        if not row or not row.get("run_dir") or not (Path(row["run_dir"]) / RUN_FILE).exists():
+        if not row or not row.get("run_dir") or not RunFolder(row["run_dir"]).notify_file.exists():
             return
-        log = Path(row["run_dir"]) / "logs" / "supervisor.log"
+        log = RunFolder(row["run_dir"]).log_file(None)
         with open(log, "ab") as out:  # the sender appends its outcome line here
             subprocess.Popen([sys.executable, "-m", __name__, str(registry.path), run_id],
                              stdin=subprocess.DEVNULL, stdout=out, stderr=out,
@@ -164,9 +165,9 @@ def compose(row: dict) -> tuple[str, str, str]:
 
 def headline(row: dict) -> str:
     """The failure's first triage line, as the run view's triage box starts."""
-    from ..failures.triage import RunError, read_failures
+    from ..failures.triage import RunError, failures_of
 
-    failures = read_failures(row["run_dir"]) if row.get("run_dir") else []
+    failures = failures_of(RunFolder(row["run_dir"]).read_errors()) if row.get("run_dir") else []
     report = RunError(failures, supervisor=None if failures else row.get("error"))
     return report.headline or "the run failed (no triage was recorded)"
 
@@ -210,7 +211,7 @@ def main(argv: Sequence[str]) -> int:
         print(f"gpu_lab notify: run {run_id}: not in {registry_path}; no notice sent",
               file=sys.stderr, flush=True)
         return 1
-    path = Path(row["run_dir"]) / RUN_FILE
+    path = RunFolder(row["run_dir"]).notify_file
     try:
         urls = json.loads(path.read_text())["urls"]
         path.unlink()
@@ -228,9 +229,8 @@ def _ended(row: dict) -> dict:
 
     if row["status"] in FINAL_STATUSES:
         return row
-    try:
-        last = json.loads((Path(row["run_dir"]) / "status.json").read_text())
-    except (OSError, ValueError):
+    last = RunFolder(row["run_dir"]).read_status()
+    if last is None:
         from .recorder import LOST
 
         last = {"status": "lost", "reason": LOST}

@@ -17,13 +17,11 @@ from __future__ import annotations
 
 import math
 import os
-import re
-import time
-from pathlib import Path
 from typing import Any
 
 from gpu_lab.record import events as ev
 from gpu_lab.record import levels
+from gpu_lab.record.runfolder import RunFolder, check_log_name  # noqa: F401 - the handlers' check
 
 from .wire import json_safe, run_to_wire
 
@@ -36,7 +34,6 @@ NOTES_KEPT = 100         # newest log/error/dropped events sent with a run
 STATUSES_KEPT = 1000     # newest status events read for the ranks' pids
 NOTE_KINDS = (ev.LOG, ev.ERROR, ev.DROPPED)
 _NONFINITE = {float("inf"): "Infinity", float("-inf"): "-Infinity"}
-LOG_NAME = re.compile(r"^(rank\d{1,5}|supervisor)\.log$")
 MEAN = "mean"
 
 
@@ -112,9 +109,9 @@ def failure(row: dict) -> dict | None:
     """The triage of a failed run: each failed rank (root cause first) and what to try."""
     if row.get("status") != "failed":
         return None
-    from gpu_lab.failures.triage import RunError, read_failures
+    from gpu_lab.failures.triage import RunError, failures_of
 
-    failures = read_failures(row["run_dir"]) if row.get("run_dir") else []
+    failures = failures_of(RunFolder(row["run_dir"]).read_errors()) if row.get("run_dir") else []
     report = RunError(failures, supervisor=None if failures else row.get("error"))
     return {"text": str(report) or (row.get("error") or "the run failed"),
             "headline": report.headline,  # the end notice's line (gpu_lab.record.notify's too)
@@ -130,29 +127,18 @@ def _last_lines(text: str, n: int) -> str:
 # --- logs -------------------------------------------------------------------------------------------
 def log_files(run_dir: str | None) -> list[str]:
     """The run's log files: rank0.log, rank1.log, ... (by rank), then supervisor.log."""
-    d = Path(run_dir) / "logs" if run_dir else None
-    if d is None or not d.is_dir():
-        return []
-    names = [p.name for p in d.iterdir() if LOG_NAME.match(p.name)]
-    return sorted(names, key=lambda n: (n == "supervisor.log", len(n), n))
+    return RunFolder(run_dir).log_names() if run_dir else []
 
 
 def log_sizes(run_dir: str | None) -> dict[str, int]:
-    d = Path(run_dir or "") / "logs"
+    folder = RunFolder(run_dir or "")
     out = {}
     for name in log_files(run_dir):
         try:
-            out[name] = (d / name).stat().st_size
+            out[name] = folder.log_path(name).stat().st_size
         except OSError:
             continue
     return out
-
-
-def check_log_name(name: str) -> str:
-    if not isinstance(name, str) or not LOG_NAME.match(name):
-        raise ValueError(f"log file: got {str(name)[:80]!r}; accepted: rank<N>.log or "
-                         "supervisor.log")
-    return name
 
 
 def read_log(run_dir: str | None, name: str, offset: int, upto: int | None = None,
@@ -160,8 +146,7 @@ def read_log(run_dir: str | None, name: str, offset: int, upto: int | None = Non
     """Bytes [offset, upto) of a run's log file as text, at most max_bytes, ending at a line end
     when the chunk holds one (a line still being written waits for the next read). offset < 0:
     the last LOG_TAIL_BYTES, from a line start. `to` is where the next read starts."""
-    check_log_name(name)
-    path = Path(run_dir or "") / "logs" / name
+    path = RunFolder(run_dir or "").log_path(name)  # checks the name
     try:
         size = path.stat().st_size
     except OSError:
@@ -188,9 +173,7 @@ def request_checkpoint(registry: Any, run_id: str) -> dict:
     """What Run.request_checkpoint() does: the control file the training loop looks for at each
     logged step; it saves a checkpoint at that step boundary."""
     row = _active_row(registry, run_id, "checkpoint")
-    path = Path(row["run_dir"]) / "control" / "checkpoint"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(str(time.time()))
+    path = RunFolder(row["run_dir"]).request("checkpoint")  # as Run.request_checkpoint() asks
     return {"run": row_to_wire(registry, row), "requested": os.fspath(path)}
 
 

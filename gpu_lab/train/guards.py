@@ -1,6 +1,6 @@
 """Guards: callbacks that keep a run from losing work to a preempted spot instance, a full GPU or a NaN.
 
-- PreemptionGuard: SIGTERM / SIGUSR1 set a flag; the ranks agree at the next step boundary, save a
+- PreemptionGuard: SIGTERM / SIGUSR1 / SIGHUP set a flag; the ranks agree at the next step boundary, save a
   checkpoint and leave with exit code 143 (128 + SIGTERM, what schedulers expect).
 - ControlRequests: the kernel's "Checkpoint now" / "Stop" buttons (a file per request, a stat()
   per step on rank 0).
@@ -22,12 +22,11 @@ import time
 from pathlib import Path
 from typing import Callable
 
+# the public names of the one exit code and set of stop signals (gpu_lab.rank.outcome)
+from ..rank.outcome import STOP_EXIT_CODE as PREEMPT_EXIT_CODE, STOP_SIGNALS as PREEMPT_SIGNALS
 from .callbacks import Callback, TrainState
 
 log = logging.getLogger(__name__)
-
-PREEMPT_EXIT_CODE = 143  # 128 + SIGTERM
-PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
 class Preempted(SystemExit):
@@ -48,7 +47,7 @@ class NonFiniteLossError(FloatingPointError):
 
 
 class PreemptionGuard(Callback):
-    """Turn SIGTERM / SIGUSR1 into "checkpoint at the next step boundary, then exit 143"."""
+    """Turn SIGTERM / SIGUSR1 / SIGHUP into "checkpoint at the next step boundary, then exit 143"."""
 
     def __init__(self, signals: tuple[int, ...] = PREEMPT_SIGNALS) -> None:
         self.signals = tuple(signals)

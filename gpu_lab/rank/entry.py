@@ -1,0 +1,115 @@
+"""The function each rank of a notebook launch runs (RankEntry), forked by the supervisor.
+
+It points the rank's output at its log in the run folder, resets reporting, checks fork safety,
+calls the user's function and records how the rank ended (gpu_lab.rank.outcome): rank 0's return
+value, or any rank's exception, or a stop (the loop checkpointed and exited 143). Elastic would
+pickle a return value through a queue: it is kept on disk instead.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import tempfile
+import traceback
+from typing import Any, Callable
+
+from ..access import open_private, private_dir
+from ..record import events as ev
+from ..record.runfolder import RunFolder
+from . import outcome
+
+
+class RankEntry:
+    """The function each rank runs: set up output and reporting, check fork safety, call the
+    user's function, keep its return value (rank 0) or its exception (any rank)."""
+
+    def __init__(self, fn: Callable, run_dir: str, tempdir: str | None = None) -> None:
+        self.fn = fn
+        self.folder = RunFolder(run_dir)
+        self.tempdir = tempdir  # the temp dir the user's code gets (the supervisor's elastic/)
+        self.supervisor_pid = os.getpid()
+        self.__name__ = getattr(fn, "__name__", "train")  # elastic names the job after it
+        self.__qualname__ = getattr(fn, "__qualname__", self.__name__)
+
+    @property
+    def run_dir(self):
+        return self.folder.path
+
+    def __call__(self, *args: Any) -> None:
+        rank = int(os.environ.get("RANK", "0"))
+        if os.getpid() != self.supervisor_pid:  # one rank runs in the supervisor itself
+            _die_with_parent(self.supervisor_pid)
+        tempfile.tempdir = self.tempdir
+        redirect_output(self.folder.log_file(rank))
+        from ..record import reporter as rep
+
+        rep.reset_reporter()
+        reporter = rep.get_reporter()
+        self.folder.write_pid(rank, os.getpid())
+        try:
+            _check_fork_safe()
+            reporter.status("running", pid=os.getpid())
+            result = self.fn(*args)
+        except SystemExit as exc:
+            if outcome.exit_code(exc) == outcome.STOP_EXIT_CODE:  # the loop checkpointed
+                self.folder.mark_preempted(rank)
+                reporter.status("preempted")
+                reporter.close(1.0)
+                raise
+            self._record_failure(rank, exc, reporter)
+            raise
+        except BaseException as exc:  # noqa: BLE001 - recorded, then re-raised for the launcher
+            self._record_failure(rank, exc, reporter)
+            raise
+        if rank == 0:
+            outcome.write_result(self.folder, result, reporter)
+        reporter.close(2.0)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        return None  # elastic would pickle a return value through a queue: keep it on disk
+
+    def _record_failure(self, rank: int, exc: BaseException, reporter: Any) -> None:
+        failure = outcome.write_error(self.folder, rank, exc)
+        traceback.print_exc()
+        reporter.error(failure.to_dict())
+        reporter.close(1.0)
+
+
+def _check_fork_safe() -> None:
+    import torch
+
+    if torch._C._cuda_isInBadFork() and os.environ.get(ev.ENV_DEVICE) == "cuda":
+        raise RuntimeError(
+            "CUDA was initialised in the process this worker was forked from (bad-fork "
+            "state). Restart the kernel and keep CUDA calls inside the training function.")
+
+
+def redirect_output(path: os.PathLike) -> None:
+    """Point fd 1/2 and sys.stdout/sys.stderr at a file (line-buffered). In a process forked from a
+    kernel, the inherited sys.stdout writes into the kernel's zmq sockets: never use it."""
+    private_dir(os.path.dirname(os.fspath(path)))
+    fd = open_private(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    sys.stdin = open(0, "r", closefd=False)
+
+
+def _die_with_parent(parent: int) -> None:
+    """Ask Linux to SIGTERM this rank when its supervisor dies (killed, say): the rank then
+    checkpoints and exits like a preempted one instead of training on, unwatched, forever."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the rank outlives a killed supervisor
+        return
+    if os.getppid() != parent:  # it died before the request took hold
+        os.kill(os.getpid(), signal.SIGTERM)
