@@ -377,6 +377,23 @@ def test_folder_and_locks_are_for_everyone_whatever_the_umask(host, tmp_path):
     assert (folder / "cpu-0.lock").stat().st_size == 0  # a lock holds no data
 
 
+def test_hostile_queue_lines_are_counted_and_never_followed(host, tmp_path):
+    folder = claims.claims_folder()
+    good = {"op": "enter", "ticket": "t1", "run": "evil", "key": None, "user": "x", "uid": 1,
+            "prio": 0, "kind": "cpu", "indices": None, "want": {"count": 1, "ids": None},
+            "pool": ["cpu-0"], "mono": 0, "t": 0, "pid": 1, "start": None, "boot": claims._BOOT,
+            "bell": "\0gpu_lab-claims-" + "0" * 32}
+    lines = ["not json", json.dumps({**good, "pool": ["../escaped"]}),
+             json.dumps({**good, "ticket": "t2", "bell": "/run/some.sock"}),
+             json.dumps({"op": "hold", "ticket": "nobody", "devices": []})]
+    (folder / "queue").write_text("\n".join(lines) + "\n")
+    with wait_for_devices(2, "fine") as claim:
+        assert [d.index for d in claim.devices] == [0, 1]
+    assert queue_stats() == {"dropped_dead_waiters": 0, "bad_lines": 4}
+    assert sorted(f.name for f in folder.iterdir()) == ["cpu-0.lock", "cpu-1.lock", "queue"]
+    assert not (tmp_path / "escaped.lock").exists()
+
+
 @pytest.fixture
 def two_users():
     """Two throwaway Unix users (root creates them; userdel after)."""

@@ -42,6 +42,7 @@ import fcntl
 import json
 import os
 import pwd
+import re
 import select
 import socket
 import stat
@@ -233,15 +234,15 @@ class _Queue:
                 self.stats[k] += int(d.get(k, 0))
             return
         if op == "enter":
-            member = {k: d[k] for k in ("pid", "start", "boot", "bell")}
-            self.tickets[d["ticket"]] = Ticket(d["ticket"], n, d, Request.from_dict(d["want"]),
-                                               [member], lines=[raw])
+            want = Request.from_dict(d["want"])
+            _check_ids([*d["pool"], *(want.ids or ())])
+            self.tickets[d["ticket"]] = Ticket(d["ticket"], n, d, want, [_member(d)], lines=[raw])
             return
         t = self.tickets[d["ticket"]]
-        t.lines.append(raw)
         if op == "join":
-            t.members.append({k: d[k] for k in ("pid", "start", "boot", "bell")})
+            t.members.append(_member(d))
         elif op == "hold":
+            _check_ids([dev["id"] for dev in d["devices"]])
             t.hold = d["devices"]
             for dev in t.hold:
                 self.holder[dev["id"]] = t.id
@@ -251,6 +252,7 @@ class _Queue:
             t.left.add(int(d["pid"]))
         else:
             raise ValueError(op)
+        t.lines.append(raw)
 
     def append(self, **line: Any) -> None:
         os.write(self.fd, (json.dumps(line, separators=(",", ":")) + "\n").encode())
@@ -283,6 +285,24 @@ class _Queue:
         os.ftruncate(self.fd, 0)
         os.write(self.fd, ("\n".join(lines) + "\n").encode())  # O_APPEND: from offset 0 now
         self.stats = stats
+
+
+# Any user may write the queue: what names a file or a socket is checked before it is used.
+_ID = re.compile(r"gpu-[A-Za-z0-9][A-Za-z0-9-]*|cpu-[0-9]+")
+_BELL = re.compile(r"\0gpu_lab-claims-[0-9a-f]{32}")
+
+
+def _check_ids(ids: list[str]) -> None:
+    bad = [i for i in ids if not isinstance(i, str) or not _ID.fullmatch(i)]
+    if bad:
+        raise ValueError(f"device ids {bad}")
+
+
+def _member(d: dict[str, Any]) -> dict[str, Any]:
+    m = {"pid": int(d["pid"]), "start": d["start"], "boot": d["boot"], "bell": d["bell"]}
+    if not _BELL.fullmatch(m["bell"]):
+        raise ValueError(f"bell {m['bell']!r}")
+    return m
 
 
 def _read_all(fd: int) -> bytes:
@@ -325,11 +345,11 @@ class _Locks:
 def queue_order(waiting: list[Ticket]) -> list[Ticket]:
     """First come, first served between users; each user's own tickets fill that user's places
     by priority (higher first), then submission."""
-    places: dict[int, list[int]] = {}
-    for i, t in enumerate(sorted(waiting, key=lambda t: t.seq)):
-        places.setdefault(t.entry["uid"], []).append(i)
     by_seq = sorted(waiting, key=lambda t: t.seq)
-    out: list[Ticket] = list(by_seq)
+    places: dict[int, list[int]] = {}
+    for i, t in enumerate(by_seq):
+        places.setdefault(t.entry["uid"], []).append(i)
+    out = list(by_seq)
     for idxs in places.values():
         mine = sorted((by_seq[i] for i in idxs), key=lambda t: (-t.entry["prio"], t.seq))
         for i, t in zip(idxs, mine):
