@@ -21,6 +21,7 @@ _API = {
     "report": "gpu_lab.record",
     "Reporter": "gpu_lab.record",
     "runs": "gpu_lab.record.registry",
+    "queue": "gpu_lab.launch.hostqueue",
     "compare": "gpu_lab.widgets",
     "Registry": "gpu_lab.record.registry",
     "fit": "gpu_lab.train",

@@ -41,6 +41,7 @@ KINDS = (METRIC, STATUS, ERROR, LOG, DROPPED)
 # A run's status, as the registry keeps it and status events carry it.
 ACTIVE_STATUSES = ("pending", "running", "stopping")
 FINAL_STATUSES = ("succeeded", "failed", "stopped", "lost")
+LOST = "its supervisor process ended without recording a final status"  # a lost run's reason
 STATUSES = ACTIVE_STATUSES + FINAL_STATUSES
 
 # Environment variables that a launch sets for its workers (and run_entry for headless runs).

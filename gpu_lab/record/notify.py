@@ -33,7 +33,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any, Sequence, TextIO
 
 from .runfolder import RunFolder
@@ -231,7 +230,7 @@ def _ended(row: dict) -> dict:
         return row
     last = RunFolder(row["run_dir"]).read_status()
     if last is None:
-        from .recorder import LOST
+        from .events import LOST
 
         last = {"status": "lost", "reason": LOST}
     return {**row, "status": last.get("status") or "lost", "reason": last.get("reason"),

@@ -329,7 +329,6 @@ def _database_trouble(exc: BaseException) -> bool:
 
 
 # --- the recorder process of a launched run ---------------------------------------------------------
-LOST = "its supervisor process ended without recording a final status"
 
 
 def spawn(registry_path: str, run_id: str, log_path: str, keys: RunKeys) -> tuple[Any, dict]:
@@ -407,7 +406,7 @@ def serve(registry_path: str, run_id: str) -> int:
         if final is not None:
             break
     if final is None:
-        final = {"status": "lost", "reason": LOST}
+        final = {"status": "lost", "reason": ev.LOST}
     rec.close(end=final)
     lost = rec.received - rec.written
     print(f"gpu_lab recorder: run {run_id} {final['status']}: {rec.written} events recorded, "

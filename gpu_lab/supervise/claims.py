@@ -1,3 +1,5 @@
+# Long: the queue file, its locks and the order between users are one protocol that every
+# claimant on the host must read and write the same way.
 """Host-wide device claims and the queue in front of them: many runs, of many users, on one host.
 
 No daemon: the process that will run the ranks (a run's supervisor) claims the devices itself,
