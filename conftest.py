@@ -13,6 +13,10 @@ os.environ["TMPDIR"] = SESSION_TMP
 tempfile.tempdir = None  # tempfile.gettempdir() reads TMPDIR again
 os.environ.setdefault("GPU_LAB_HOME", tempfile.mkdtemp(prefix="gpu_lab_test_home_"))
 os.environ.setdefault("GPU_LAB_QUICK", "1")
+# The host queue of the session's own runs, not the machine's; and more CPU slots than cores,
+# since the suite runs runs side by side (kernels, tutorials). The queue's tests set their own.
+os.environ.setdefault("GPU_LAB_CLAIMS_DIR", os.path.join(SESSION_TMP, "claims"))
+os.environ.setdefault("GPU_LAB_CPU_SLOTS", "64")
 os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
 
 

@@ -36,7 +36,7 @@ def test_the_check_fails_when_python_changes():
                   f"import runpy, sys; sys.argv = [{str(MAKE)!r}, '--check']; "
                   f"runpy.run_path({str(MAKE)!r}, run_name='__main__')")
     assert out.returncode == 1, out.stdout + out.stderr
-    assert "+export const ACTIVE_STATUSES = ['pending', 'running', 'stopping', 'paused']" \
+    assert "+export const ACTIVE_STATUSES = ['pending', 'queued', 'running', 'stopping', 'paused']" \
         in out.stdout
 
 

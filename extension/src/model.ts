@@ -63,6 +63,20 @@ export interface IRun {
   detach?: number | null;
   output_dir?: string | null;
   run_dir?: string | null;
+  /** While queued: its place in the host's queue, 1 = next to start. */
+  queue_position?: number | null;
+  priority?: number | null;
+  devices?: { kind: string; devices: Array<{ index: number; uuid: string | null }> } | null;
+}
+
+/** A run's status in words: a queued run says its place ("queued · 2nd"). */
+export function statusText(run: Pick<IRun, 'status' | 'queue_position'>): string {
+  const n = run.queue_position;
+  if (run.status !== 'queued' || !n) {
+    return run.status;
+  }
+  const suffix = n % 100 >= 11 && n % 100 <= 13 ? 'th' : ['th', 'st', 'nd', 'rd'][n % 10] || 'th';
+  return `queued · ${n}${suffix}`;
 }
 
 /** A series as the server sends it: bounded, each bucket's minimum and maximum kept. */

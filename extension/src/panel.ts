@@ -15,7 +15,8 @@ import {
   IGpuStats,
   IRun,
   ISample,
-  isActive
+  isActive,
+  statusText
 } from './model';
 
 export interface IPanelActions {
@@ -136,7 +137,7 @@ class RunCard {
     this._name.textContent = run.name || run.id;
     this._name.title = `${run.id}${run.num_processes ? ` · ${run.num_processes} processes` : ''}` +
       `${run.error ? `\n${run.error}` : ''}`;
-    this._status.textContent = run.status;
+    this._status.textContent = statusText(run);
     this._status.className = `jp-GpuLab-run-status jp-GpuLab-status-${run.status}`;
     this._step.textContent = run.last_step === null ? '–' : String(run.last_step);
     this._loss.textContent = run.last_loss === null ? '–' : run.last_loss.toPrecision(4);

@@ -10,7 +10,7 @@ import { Widget } from '@lumino/widgets';
 import { IChartSeries, PALETTE, SeriesChart, themeColor, ZoomGroup } from './charts';
 import { BoundedSeries } from './decimate';
 import { el } from './dom';
-import { formatDuration, IRun, isActive } from './model';
+import { formatDuration, IRun, isActive, statusText } from './model';
 import { MEAN } from './facts';
 import { Change, RunViewModel } from './runmodel';
 
@@ -217,7 +217,7 @@ export class RunView extends Widget {
     }
     this.title.label = `Run ${row.name || row.id}`;
     this._name.textContent = row.name || row.id;
-    this._status.textContent = row.status;
+    this._status.textContent = statusText(row);
     this._status.dataset.status = row.status;
     this.node.dataset.status = row.status;
     this._why.replaceChildren();

@@ -24,9 +24,11 @@ def queue(registry: Registry | None = None) -> Any:
             got = reg.get_run(r.run_id)
             names[r.run_id] = got.get("name") if got else None
     now = time.time()
-    return pd.DataFrame([{
+    table = pd.DataFrame([{
         "run": r.run_id, "name": names.get(r.run_id), "user": r.user, "state": r.state,
         "position": r.position, "priority": r.priority,
         "devices": r.devices if r.devices is not None else f"any {r.count}",
         "waiting_s": round(now - r.since, 1) if r.state == "waiting" else None,
     } for r in rows], columns=COLUMNS)
+    table["position"] = table["position"].astype("Int64")  # a holder has none: <NA>, not 1.0
+    return table

@@ -32,7 +32,8 @@ def launch(fn: Callable, *args: Any, num_processes: int | None = None,
            num_nodes: int = 1, node_rank: int = 0, master_addr: str = "127.0.0.1",
            port: int | None = None, rdzv_backend: str = "static",
            env: dict[str, str] | None = None, notebook: str | None = None,
-           notify: str | list[str] | None = None) -> Run:
+           notify: str | list[str] | None = None, gpus: Any = None, priority: int = 0,
+           queue: bool = True) -> Run:
     """Launch `fn(*args)` on `num_processes` ranks through accelerate.notebook_launcher, inside a
     supervisor process that owns the run's record, and return a Run handle at once.
 
@@ -43,6 +44,12 @@ def launch(fn: Callable, *args: Any, num_processes: int | None = None,
     mixed_precision: "no" | "fp16" | "bf16" (default: the config's, else "no").
     detach: False (default) stops the run, with a checkpoint, when the launching kernel or script
       exits; True lets the run outlive it (`gpu_lab.attach(run_id)` from anywhere follows it).
+    gpus: which GPUs the ranks see (CUDA_VISIBLE_DEVICES): a count N (any free ones), a list of
+      indices, or "all"; None: one per rank. On a host without GPUs each rank takes a CPU slot
+      (the usable cores, or GPU_LAB_CPU_SLOTS). Devices other runs hold, of any user of the host,
+      are waited for: the run is `queued` until its turn (gpu_lab.queue() shows the host's queue).
+    priority: among your own queued runs, higher starts first (then the order of launch).
+    queue: False refuses at once (DevicesBusy, naming who holds them) instead of waiting.
     notify: apprise URL(s) told when the run ends (name, status, triage, duration), e.g.
       "json://host/hook" or "mailto://user:password@example.com"; None: the GPU_LAB_NOTIFY
       setting (gpu_lab.record.notify), "" or []: none. A bad URL is refused here.
@@ -60,21 +67,24 @@ def launch(fn: Callable, *args: Any, num_processes: int | None = None,
                 else (config.mixed_precision if config is not None else "no"),
                 name=name, detach=detach, num_nodes=num_nodes, node_rank=node_rank,
                 master_addr=master_addr, port=port, rdzv_backend=rdzv_backend,
-                env=dict(env or {}))  # checks every argument: nothing has started yet
+                env=dict(env or {}), gpus=gpus, priority=priority, queue=queue,
+                submitted=time.time())  # checks every argument: nothing has started yet
     notify_urls = notices.resolve(notify)
-    gpus = gpu_count()
-    spec.device = "cuda" if gpus > 0 else "cpu"
-    spec.check_device(gpus)
+    visible = gpu_count()
+    spec.device = "cuda" if visible > 0 else "cpu"
+    spec.check_device(visible)
+    _check_devices(spec)
     registry = Registry()
     source = _resume_source(resume, config, registry) if resume is not None else None
-    _prepare_host(spec, gpus)
+    _prepare_host(spec, visible)
     run = _create_run(spec, config, source, registry, notebook)
     notices.save(run.run_dir, notify_urls)  # for the recorder's sender, at the run's end
     run._fn, run._args = fn, args
     run._launch_kw = {"num_processes": num_processes, "mixed_precision": mixed_precision,
                       "name": name, "detach": detach, "env": env, "num_nodes": num_nodes,
                       "node_rank": node_rank, "master_addr": master_addr,
-                      "rdzv_backend": rdzv_backend, "notebook": notebook, "notify": notify}
+                      "rdzv_backend": rdzv_backend, "notebook": notebook, "notify": notify,
+                      "gpus": gpus, "priority": priority, "queue": queue}
     _start_supervisor(run, spec, registry)
     return run
 
@@ -143,9 +153,12 @@ def _start_supervisor(run: Run, spec: Spec, registry: Registry) -> None:
     """Fork the supervisor, record its pid, follow the run's events and reap it when it ends."""
     sys.stdout.flush()
     sys.stderr.flush()
+    heard, spec.joined_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # the supervisor
+        os.close(heard)
         supervise(spec)  # never returns
+    os.close(spec.joined_fd)
     try:
         os.setpgid(pid, pid)  # also done by the child; whichever runs first wins the race
     except OSError:
@@ -162,6 +175,56 @@ def _start_supervisor(run: Run, spec: Spec, registry: Registry) -> None:
     run._follow()
     threading.Thread(target=_wait_supervisor, args=(run, pid), daemon=True,
                      name=f"gpu_lab-wait-{spec.run_id}").start()
+    _wait_joined(heard, run)
+
+
+def _check_devices(spec: Spec) -> None:
+    """The devices the run will claim exist on this host (gpu_lab.supervise.devices), and how
+    many ranks they give when num_processes was not said."""
+    from ..supervise.devices import Resources
+
+    res = Resources.detect(kind="gpu" if spec.device == "cuda" else "cpu")
+    try:
+        if spec.device == "cpu":
+            if spec.gpus is not None:
+                raise ValueError(f"launch: gpus={spec.gpus!r} but NVML shows no GPU on this host; "
+                                 "leave gpus unset (a CPU run takes one CPU slot per rank)")
+            n = spec.num_processes or 2
+            if n > len(res.devices):
+                raise ValueError(f"launch: num_processes={n} needs {n} CPU slots; this host has "
+                                 f"{len(res.devices)} (the cores this process may use). Use at "
+                                 "most that many, or set GPU_LAB_CPU_SLOTS to allow more")
+            return
+        if spec.gpus is not None:
+            want = res.parse(spec.gpus)
+            if spec.num_processes is None:
+                spec.num_processes = want.count
+            elif spec.num_processes != want.count:
+                raise ValueError(f"launch: num_processes={spec.num_processes} but gpus="
+                                 f"{spec.gpus!r} gives {want.count} GPU(s); one rank per GPU")
+    finally:
+        res.close()
+
+
+def _wait_joined(heard: int, run: Run) -> None:
+    """Until the supervisor has tried the devices: it holds them, or has its place in the host's
+    queue (so runs launched one after another queue in that order), or may not wait."""
+    import select
+
+    from ..supervise.claims import DevicesBusy
+
+    try:
+        ready, _, _ = select.select([heard], [], [], 60.0)
+        word = os.read(heard, 4096) if ready else b""
+    finally:
+        os.close(heard)
+    if word[:1] == b"b":
+        run.wait(timeout=30)  # its failure is recorded before launch() raises
+        raise DevicesBusy(f"launch: {word[1:].decode(errors='replace')} (queue=False)", [])
+    if word[:1] == b"e":
+        run.wait(timeout=30)
+        raise RuntimeError(f"launch: the run could not claim its devices: "
+                           f"{word[1:].decode(errors='replace')}")
 
 
 def _private_output_dir(output_dir: str) -> None:

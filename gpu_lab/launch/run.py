@@ -71,6 +71,7 @@ class Run:
         self._launch_kw: dict = {}
         self._registry = registry
         self._status = "pending"
+        self.queue_position: int | None = None  # 1 = next to start, while queued
         self._seq = 0
         self._done = threading.Event()
         # the launching process learns of the end once it has reaped the supervisor: when wait()
@@ -108,8 +109,9 @@ class Run:
         return run
 
     def _apply_row(self, row: dict) -> None:
-        if row["status"] in ev.ACTIVE_STATUSES and self._status == "pending":
+        if row["status"] in ev.ACTIVE_STATUSES and self._status in ("pending", "queued"):
             self._status = row["status"]
+            self.queue_position = row.get("queue_position")
         if row["status"] in FINAL:
             self._finish(row["status"], reason=row.get("reason"), announce=False)
 
@@ -277,8 +279,11 @@ class Run:
             return True
         if kind == ev.STATUS:
             st = data.get("status")
-            if st in ("running", "stopping") and self._status in ("pending", "running"):
+            if st in ("queued", "running", "stopping") and \
+                    self._status in ("pending", "queued", "running"):
                 self._status = st
+                pos = data.get("position")
+                self.queue_position = pos if st == "queued" and type(pos) is int else None
             if data.get("reason") and isinstance(data["reason"], str):
                 self.reason = data["reason"]
         elif kind == ev.DROPPED:
@@ -317,6 +322,14 @@ class Run:
     def request_checkpoint(self) -> None:
         """Ask the training loop to save a checkpoint at its next step boundary."""
         self.folder.request("checkpoint")
+
+    def cancel(self, timeout: float = 15.0) -> str:
+        """Withdraw a run that waits in the host's queue (status 'queued'): it never starts and
+        ends 'stopped'. A run that has started is stopped with stop() instead."""
+        if self._status not in ("pending", "queued"):
+            raise ValueError(f"run {self.id} is {self._status}, not queued: use run.stop() to "
+                             "stop a run that has started")
+        return self.stop(grace=1.0, timeout=timeout, reason="withdrawn from the queue by the user")
 
     def stop(self, grace: float = 5.0, timeout: float = 15.0,
              reason: str = "stopped by the user") -> str:

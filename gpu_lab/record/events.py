@@ -39,7 +39,7 @@ DROPPED = "dropped"
 KINDS = (METRIC, STATUS, ERROR, LOG, DROPPED)
 
 # A run's status, as the registry keeps it and status events carry it.
-ACTIVE_STATUSES = ("pending", "running", "stopping")
+ACTIVE_STATUSES = ("pending", "queued", "running", "stopping")
 FINAL_STATUSES = ("succeeded", "failed", "stopped", "lost")
 LOST = "its supervisor process ended without recording a final status"  # a lost run's reason
 STATUSES = ACTIVE_STATUSES + FINAL_STATUSES

@@ -374,6 +374,37 @@ def end(proc: Any, status: dict, timeout: float = 30.0) -> int | None:
         return None
 
 
+def queued(proc: Any, position: int) -> None:
+    """Tell the recorder process the run waits in the host's queue, at `position` (1 = next)."""
+    _tell(proc, {"queued": {"position": position}})
+
+
+def started(proc: Any, devices: dict) -> None:
+    """Tell the recorder process the run holds its devices (claims.Claim.as_record()) and starts."""
+    _tell(proc, {"start": devices})
+
+
+def _tell(proc: Any, message: dict) -> None:
+    try:
+        proc.stdin.write((json.dumps(message) + "\n").encode())
+        proc.stdin.flush()
+    except OSError:  # it is gone: the registry will say lost
+        pass
+
+
+def _queue_news(reg: Any, rec: "Recorder", run_id: str, said: dict) -> None:
+    """The supervisor's word on the host queue: queued at a place, or started on its devices."""
+    if isinstance(said.get("queued"), dict):
+        pos = said["queued"].get("position")
+        pos = pos if type(pos) is int else None
+        reg.update(run_id, status="queued", queue_position=pos)
+        rec.record([ev.make(run_id, -1, ev.STATUS, {"status": "queued", "position": pos})])
+    if isinstance(said.get("start"), dict):
+        reg.update(run_id, status="running", devices=said["start"], queue_position=None,
+                   started=time.time())
+        rec.record([ev.make(run_id, -1, ev.STATUS, {"status": "running"})])
+
+
 def serve(registry_path: str, run_id: str) -> int:
     """The recorder process: bind, say where, record until the supervisor says the run ended."""
     import signal
@@ -391,8 +422,7 @@ def serve(registry_path: str, run_id: str) -> int:
         return 2
     reg = Registry(registry_path)
     rec = Recorder(reg, run_id, keys=keys)
-    reg.update(run_id, status="running", events_address=rec.publish_address)
-    rec.record([ev.make(run_id, -1, ev.STATUS, {"status": "running"})])
+    reg.update(run_id, events_address=rec.publish_address)
     sys.stdout.write(json.dumps({"address": rec.address, "publish": rec.publish_address}) + "\n")
     sys.stdout.flush()
     final = None
@@ -400,9 +430,13 @@ def serve(registry_path: str, run_id: str) -> int:
     # of a rank forked from the supervisor holds the pipe open until it notices its parent is gone
     for line in sys.stdin:
         try:
-            final = json.loads(line).get("end") or final
+            said = json.loads(line)
         except ValueError:
             continue
+        if not isinstance(said, dict):
+            continue
+        _queue_news(reg, rec, run_id, said)
+        final = said.get("end") or final
         if final is not None:
             break
     if final is None:

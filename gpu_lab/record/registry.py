@@ -87,12 +87,13 @@ CREATE TABLE IF NOT EXISTS checkpoints (
 # Columns added after the first release: (name, SQL type). Older databases get them on open.
 _ADDED = (("reason", "TEXT"), ("detach", "INTEGER DEFAULT 0"), ("events_address", "TEXT"),
           ("entry", "TEXT"), ("resumed_from", "TEXT"), ("last_step", "INTEGER"),
-          ("summary", "TEXT"))
+          ("summary", "TEXT"), ("devices", "TEXT"), ("priority", "INTEGER DEFAULT 0"),
+          ("queue_position", "INTEGER"))
 
 _COLUMNS = ("id", "name", "status", "config", "num_processes", "num_nodes", "node_rank", "host",
             "pid", "pgid", "pid_started", "started", "ended", "notebook", "output_dir", "run_dir",
             "error", "kind") + tuple(name for name, _ in _ADDED)
-_JSON_COLUMNS = ("config", "resumed_from", "summary")
+_JSON_COLUMNS = ("config", "resumed_from", "summary", "devices")
 
 
 # Stored in the database's user_version once its schema is in place: an existing file whose

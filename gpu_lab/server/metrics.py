@@ -183,6 +183,10 @@ class GpuLabCollector(Collector):
         loss = GaugeMetricFamily("gpu_lab_run_last_loss", "Last reported loss", labels=["run_id"])
         procs = GaugeMetricFamily("gpu_lab_run_processes", "Processes (ranks) of the run",
                                   labels=["run_id"])
+        place = GaugeMetricFamily("gpu_lab_run_queue_position", "A queued run's place in the "
+                                  "host's queue (1 = next to start)", labels=["run_id"])
+        devices = GaugeMetricFamily("gpu_lab_run_device", "1 for each device (GPU, or CPU slot) "
+                                    "an active run holds", labels=["run_id", "kind", "index", "uuid"])
         for r in shown:
             rid = r["id"]
             info.add_metric([rid, r.get("name") or rid, r["status"]], 1.0)
@@ -193,7 +197,14 @@ class GpuLabCollector(Collector):
                 loss.add_metric([rid], _value(last["last_loss"]))
             if r.get("num_processes"):
                 procs.add_metric([rid], float(r["num_processes"]))
-        yield from (info, step, loss, procs)
+            if r["status"] == "queued" and type(r.get("queue_position")) is int:
+                place.add_metric([rid], float(r["queue_position"]))
+            held = r.get("devices") if r["status"] in ACTIVE else None
+            for d in (held.get("devices") or []) if isinstance(held, dict) else []:
+                if isinstance(d, dict):
+                    devices.add_metric([rid, str(held.get("kind")), str(d.get("index")),
+                                        str(d.get("uuid") or "")], 1.0)
+        yield from (info, step, loss, procs, place, devices)
         training = {r["id"]: training_values(reg, r["id"]) for r in active}
         for key, name, doc in RUN_GAUGES:
             fam = GaugeMetricFamily(name, doc, labels=["run_id"])

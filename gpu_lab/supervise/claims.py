@@ -42,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import json
+import math
 import os
 import pwd
 import re
@@ -353,10 +354,20 @@ def queue_order(waiting: list[Ticket]) -> list[Ticket]:
         places.setdefault(t.entry["uid"], []).append(i)
     out = list(by_seq)
     for idxs in places.values():
-        mine = sorted((by_seq[i] for i in idxs), key=lambda t: (-t.entry["prio"], t.seq))
+        mine = sorted((by_seq[i] for i in idxs),
+                      key=lambda t: (-t.entry["prio"], _submitted(t), t.seq))
         for i, t in zip(idxs, mine):
             out[i] = t
     return out
+
+
+def _submitted(t: Ticket) -> float:
+    """When the run was submitted (its launch), which may be before its ticket entered: runs one
+    user launches in a row queue in that order, whichever supervisor gets to the file first."""
+    for v in (t.entry.get("sub"), t.entry.get("t")):
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            return float(v)
+    return 0.0
 
 
 def _fit(t: Ticket, free: set[str]) -> list[str] | None:
@@ -502,8 +513,9 @@ class _Waiter:
     """One claimant's ticket in the queue and its turns (see wait_for_devices)."""
 
     def __init__(self, folder: Path, res: Resources, want: Request, run_id: str, priority: int,
-                 key: str | None) -> None:
+                 key: str | None, submitted: float | None = None) -> None:
         self.folder, self.res, self.want = folder, res, want
+        self.submitted = time.time() if submitted is None else float(submitted)
         self.run_id, self.priority, self.key = run_id, priority, key
         self.locks = _Locks(folder)
         self.ticket: str | None = None
@@ -535,7 +547,7 @@ class _Waiter:
         q.append(op="enter", ticket=self.ticket, run=self.run_id, key=self.key, user=me["user"],
                  uid=me["uid"], prio=self.priority, kind=self.res.kind, indices=indices,
                  want=self.want.as_dict(), pool=[d.id for d in self.res.devices],
-                 mono=time.monotonic(), t=time.time(), **member)
+                 mono=time.monotonic(), t=time.time(), sub=self.submitted, **member)
         q._parse(_read_all(q.fd))
         q.classify(self.locks)
 
@@ -620,7 +632,7 @@ def wait_for_devices(gpus: Any, run_id: str, priority: int = 0, *, queue: bool =
                      key: str | None = None, on_position: Callable[[int], None] | None = None,
                      cancelled: Callable[[], bool] | None = None, nvml: Any = None,
                      kind: str | None = None, folder: str | os.PathLike | None = None,
-                     poll: float = POLL_S) -> Claim:
+                     poll: float = POLL_S, submitted: float | None = None) -> Claim:
     """Claim the devices `gpus` asks for (`N`, `[indices]` or `"all"`; see devices.py), waiting
     in the host's queue until it is this run's turn; returns the Claim.
 
@@ -630,7 +642,8 @@ def wait_for_devices(gpus: Any, run_id: str, priority: int = 0, *, queue: bool =
     with the run's place among the waiting (1 = next) whenever it changes; `cancelled()` is asked
     at every look, and True withdraws the ticket and raises ClaimCancelled. A waiter that dies
     leaves the queue by itself. `nvml` (a stand-in such as FakeNVML) and `kind` ("gpu"/"cpu")
-    choose the resources (see devices.Resources); `folder` the claims folder.
+    choose the resources (see devices.Resources); `folder` the claims folder. `submitted`
+    (time.time() of the launch; default now) orders this user's runs of equal priority.
     """
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise ValueError(f"priority: got {priority!r}; accepted: a whole number (higher first)")
@@ -642,7 +655,7 @@ def wait_for_devices(gpus: Any, run_id: str, priority: int = 0, *, queue: bool =
     waiter: _Waiter | None = None
     try:
         want = res.parse(gpus)
-        waiter = _Waiter(claims_folder(folder), res, want, run_id, priority, key)
+        waiter = _Waiter(claims_folder(folder), res, want, run_id, priority, key, submitted)
         return _wait(waiter, queue, on_position, cancelled, poll)
     finally:
         if waiter is not None:

@@ -37,6 +37,7 @@ from ..failures import triage
 from ..rank import outcome
 from ..rank.entry import RankEntry, redirect_output
 from ..rank.outcome import EXIT_FAILED, EXIT_OK, STOP_EXIT_CODE, STOP_SIGNALS, kill_live_workers
+from .claims import ClaimCancelled, DevicesBusy
 
 
 RDZV_BACKENDS = ("static", "c10d")
@@ -63,12 +64,17 @@ class Spec:
     port: int | None = None
     rdzv_backend: str = "static"
     env: dict = field(default_factory=dict)
+    gpus: Any = None  # the devices to claim: N, [indices] or "all" (devices.py); None: one a rank
+    priority: int = 0  # among this user's queued runs, higher first
+    queue: bool = True  # False: refuse at once when the devices are taken
     # filled in by the launcher
     run_id: str = ""
     run_dir: str = ""
     device: str = "cpu"
     registry_path: str = ""
     keys: Any = None  # the run's channel keys (gpu_lab.record.channel.RunKeys)
+    joined_fd: int | None = None  # where the kernel hears that the run has its place in the queue
+    submitted: float | None = None  # time.time() of the launch: the run's place among the user's
 
     def __post_init__(self) -> None:
         from ..config import MixedPrecision
@@ -105,6 +111,12 @@ class Spec:
         p = self.port
         if p is not None and (isinstance(p, bool) or not isinstance(p, int) or not 1 <= p <= 65535):
             raise ValueError(f"launch: port must be an int in 1..65535 or None; got {p!r}")
+        if isinstance(self.priority, bool) or not isinstance(self.priority, int):
+            raise TypeError(f"launch: priority must be a whole number (higher starts first among "
+                            f"your queued runs); got {self.priority!r}")
+        if not isinstance(self.queue, bool):
+            raise TypeError(f"launch: queue must be True (wait for the devices) or False (refuse "
+                            f"at once when they are taken); got {self.queue!r}")
         if self.num_nodes > 1 and p is None:
             raise ValueError("launch: port is required when num_nodes > 1 (every node must use the "
                              "master's port); pick one on the master node, e.g. 29400")
@@ -143,16 +155,22 @@ def supervise(spec: Spec) -> None:
     """Body of the forked supervisor. Never returns: exits with 0, 1 or 143."""
     folder = RunFolder(spec.run_dir)
     end = End("failed", EXIT_FAILED)
+    claim = None
     try:
         recorder = None
         try:
             _become_supervisor(folder)
+            signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # until it holds the recorder
+            claim, refused = _try_devices(spec)
             recorder, where = _spawn_recorder(spec, folder)
             signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # a stop meanwhile: raised here
-            _ranks_environment(spec, where["address"])
+            if refused is not None:  # recorded as the run's failure, now that it has a recorder
+                raise refused
+            claim = _wait_devices(spec, folder, recorder, claim)
+            _ranks_environment(spec, where["address"], claim)
             print(f"gpu_lab supervisor pid={os.getpid()} run={spec.run_id} "
                   f"ranks={spec.num_processes} device={spec.device} port={spec.port} "
-                  f"detach={spec.detach}", flush=True)
+                  f"devices={[d.index for d in claim.devices]} detach={spec.detach}", flush=True)
             error, in_launch, monitor = _run_ranks(spec, folder)
         except BaseException as exc:  # noqa: BLE001 - the supervisor itself broke
             error, in_launch, monitor = exc, False, None
@@ -169,6 +187,8 @@ def supervise(spec: Spec) -> None:
         # stays taken (TIME_WAIT) for a minute after the run.
         error = None
         _record_end(folder, recorder, end)
+        if claim is not None:  # once its end is recorded: a run's [started, ended] is its own
+            claim.release()
     except BaseException:  # noqa: BLE001 - nothing is left to record it with
         pass
     finally:
@@ -193,6 +213,11 @@ def decide_end(folder: RunFolder, error: BaseException | None, in_launch: bool) 
         return End("succeeded", EXIT_OK)
     trace = "".join(traceback.format_exception(type(error), error, error.__traceback__))
     if not in_launch:
+        if isinstance(error, ClaimCancelled):  # its kernel exited while it waited its turn
+            return End("stopped", STOP_EXIT_CODE, stop or f"withdrawn from the queue: "
+                       f"{ParentWatch.REASON}")
+        if isinstance(error, DevicesBusy):  # queue=False, and the devices were taken
+            return End("failed", EXIT_FAILED, None, str(error))
         if isinstance(error, _Stop):
             return End("stopped", STOP_EXIT_CODE, stop or "stopped by a signal", trace[-4000:])
         return End("failed", EXIT_FAILED, None, trace[-4000:])
@@ -232,14 +257,83 @@ def _spawn_recorder(spec: Spec, folder: RunFolder) -> tuple[Any, dict]:
         raise
 
 
-def _ranks_environment(spec: Spec, address: str) -> None:
+def _try_devices(spec: Spec) -> tuple[Any, BaseException | None]:
+    """(the run's devices if they are free now, else None; why it may not wait for them): it will
+    wait its turn, or, with queue=False, fail naming who holds them. The kernel's launch() hears
+    which."""
+    from .claims import wait_for_devices
+
+    joined = _Joined(spec.joined_fd)
+    try:
+        claim = wait_for_devices(_request(spec), spec.run_id, spec.priority, queue=False,
+                                 key=_key(spec), kind=_kind(spec), submitted=spec.submitted)
+    except DevicesBusy as exc:
+        joined.say(b"q" if spec.queue else b"b" + str(exc).encode()[:3000])
+        return None, None if spec.queue else exc
+    except Exception as exc:  # noqa: BLE001 - a claims folder it may not use, say
+        joined.say(b"e" + f"{type(exc).__name__}: {exc}".encode()[:3000])
+        return None, exc
+    joined.say(b"s")
+    return claim, None
+
+
+def _wait_devices(spec: Spec, folder: RunFolder, recorder: Any, claim: Any) -> Any:
+    """Wait in the host's queue for the run's devices (gpu_lab.supervise.claims), unless it has
+    them; the recorder hears the run's place and its start. A stop while it waits (Run.stop,
+    run.cancel) raises here; a detach=False run whose kernel exits is withdrawn."""
+    from ..record import recorder as rec
+    from .claims import wait_for_devices
+
+    parent = os.getppid()
+    if claim is None:
+        claim = wait_for_devices(_request(spec), spec.run_id, spec.priority, key=_key(spec),
+                                 kind=_kind(spec), submitted=spec.submitted,
+                                 on_position=lambda n: rec.queued(recorder, n),
+                                 cancelled=lambda: not spec.detach and os.getppid() != parent)
+    rec.started(recorder, claim.as_record())
+    return claim
+
+
+def _request(spec: Spec) -> Any:
+    return spec.gpus if spec.gpus is not None else spec.num_processes
+
+
+def _key(spec: Spec) -> str | None:  # the nodes of one multi-node run on a host share a claim
+    return f"{spec.master_addr}:{spec.port}" if spec.num_nodes > 1 else None
+
+
+def _kind(spec: Spec) -> str:
+    return "gpu" if spec.device == "cuda" else "cpu"
+
+
+class _Joined:
+    """The kernel's launch() waits for one word: the run has its place in the host's queue (so
+    runs launched one after another queue in that order), or why it has none."""
+
+    def __init__(self, fd: int | None) -> None:
+        self.fd = fd
+
+    def say(self, word: bytes) -> None:
+        if self.fd is None:
+            return
+        try:
+            os.write(self.fd, word)
+        except OSError:  # the kernel stopped listening: nothing to tell
+            pass
+        os.close(self.fd)
+        self.fd = None
+
+
+def _ranks_environment(spec: Spec, address: str, claim: Any) -> None:
     """What the ranks inherit: the run, its recorder's address and client key, the device, the
-    user's variables, and a thread count that is safe after a fork."""
+    devices it claimed, the user's variables, and a thread count that is safe after a fork."""
     # the ranks inherit the client key with the address: the environment of a process is
     # readable by its own user only (not by `ps` of another user, unlike a command line)
     os.environ.update({ev.ENV_RUN_ID: spec.run_id, ev.ENV_ADDRESS: address,
                        ENV_KEY: spec.keys.client.encode(),
                        ev.ENV_RUN_DIR: spec.run_dir, ev.ENV_DEVICE: spec.device})
+    if claim.kind == "gpu":  # the ranks see their GPUs only; this process stays CUDA-free
+        os.environ.update(claim.env())
     user_threads = spec.env.get("OMP_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS")
     os.environ.update(spec.env)
     if "torch" in sys.modules:
