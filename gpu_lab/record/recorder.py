@@ -1,3 +1,5 @@
+# Long: the recorder and its process protocol (spawn, the queue's news, end, serve) share one
+# pipe format and one lifetime.
 """The run's recorder: receives every rank's events, writes them to the registry, republishes them.
 
 Published messages are [run id, {"first": seq, "count": n}, batch, batch, ...]: the batches as

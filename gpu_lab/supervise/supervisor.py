@@ -38,6 +38,7 @@ from ..rank import outcome
 from ..rank.entry import RankEntry, redirect_output
 from ..rank.outcome import EXIT_FAILED, EXIT_OK, STOP_EXIT_CODE, STOP_SIGNALS, kill_live_workers
 from .claims import ClaimCancelled, DevicesBusy
+from .turn import try_devices, wait_turn
 
 
 RDZV_BACKENDS = ("static", "c10d")
@@ -161,12 +162,12 @@ def supervise(spec: Spec) -> None:
         try:
             _become_supervisor(folder)
             signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # until it holds the recorder
-            claim, refused = _try_devices(spec)
+            claim, refused = try_devices(spec)
             recorder, where = _spawn_recorder(spec, folder)
             signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # a stop meanwhile: raised here
             if refused is not None:  # recorded as the run's failure, now that it has a recorder
                 raise refused
-            claim = _wait_devices(spec, folder, recorder, claim)
+            claim = wait_turn(spec, recorder, claim)
             _ranks_environment(spec, where["address"], claim)
             print(f"gpu_lab supervisor pid={os.getpid()} run={spec.run_id} "
                   f"ranks={spec.num_processes} device={spec.device} port={spec.port} "
@@ -255,73 +256,6 @@ def _spawn_recorder(spec: Spec, folder: RunFolder) -> tuple[Any, dict]:
     except BaseException:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
         raise
-
-
-def _try_devices(spec: Spec) -> tuple[Any, BaseException | None]:
-    """(the run's devices if they are free now, else None; why it may not wait for them): it will
-    wait its turn, or, with queue=False, fail naming who holds them. The kernel's launch() hears
-    which."""
-    from .claims import wait_for_devices
-
-    joined = _Joined(spec.joined_fd)
-    try:
-        claim = wait_for_devices(_request(spec), spec.run_id, spec.priority, queue=False,
-                                 key=_key(spec), kind=_kind(spec), submitted=spec.submitted)
-    except DevicesBusy as exc:
-        joined.say(b"q" if spec.queue else b"b" + str(exc).encode()[:3000])
-        return None, None if spec.queue else exc
-    except Exception as exc:  # noqa: BLE001 - a claims folder it may not use, say
-        joined.say(b"e" + f"{type(exc).__name__}: {exc}".encode()[:3000])
-        return None, exc
-    joined.say(b"s")
-    return claim, None
-
-
-def _wait_devices(spec: Spec, folder: RunFolder, recorder: Any, claim: Any) -> Any:
-    """Wait in the host's queue for the run's devices (gpu_lab.supervise.claims), unless it has
-    them; the recorder hears the run's place and its start. A stop while it waits (Run.stop,
-    run.cancel) raises here; a detach=False run whose kernel exits is withdrawn."""
-    from ..record import recorder as rec
-    from .claims import wait_for_devices
-
-    parent = os.getppid()
-    if claim is None:
-        claim = wait_for_devices(_request(spec), spec.run_id, spec.priority, key=_key(spec),
-                                 kind=_kind(spec), submitted=spec.submitted,
-                                 on_position=lambda n: rec.queued(recorder, n),
-                                 cancelled=lambda: not spec.detach and os.getppid() != parent)
-    rec.started(recorder, claim.as_record())
-    return claim
-
-
-def _request(spec: Spec) -> Any:
-    return spec.gpus if spec.gpus is not None else spec.num_processes
-
-
-def _key(spec: Spec) -> str | None:  # the nodes of one multi-node run on a host share a claim
-    return f"{spec.master_addr}:{spec.port}" if spec.num_nodes > 1 else None
-
-
-def _kind(spec: Spec) -> str:
-    return "gpu" if spec.device == "cuda" else "cpu"
-
-
-class _Joined:
-    """The kernel's launch() waits for one word: the run has its place in the host's queue (so
-    runs launched one after another queue in that order), or why it has none."""
-
-    def __init__(self, fd: int | None) -> None:
-        self.fd = fd
-
-    def say(self, word: bytes) -> None:
-        if self.fd is None:
-            return
-        try:
-            os.write(self.fd, word)
-        except OSError:  # the kernel stopped listening: nothing to tell
-            pass
-        os.close(self.fd)
-        self.fd = None
 
 
 def _ranks_environment(spec: Spec, address: str, claim: Any) -> None:

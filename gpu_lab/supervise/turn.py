@@ -1,0 +1,73 @@
+"""A run's turn on the host, in its supervisor: try its devices at once (the kernel's launch()
+hears the outcome), then, if they are taken, wait in the host's queue (gpu_lab.supervise.claims)
+while the run's recorder tells the registry its place."""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .claims import DevicesBusy, wait_for_devices
+
+
+def try_devices(spec: Any) -> tuple[Any, BaseException | None]:
+    """(the run's devices if they are free now, else None; why it may not wait for them): it will
+    wait its turn, or, with queue=False, fail naming who holds them. The kernel's launch() hears
+    which."""
+    joined = _Joined(spec.joined_fd)
+    try:
+        claim = wait_for_devices(_request(spec), spec.run_id, spec.priority, queue=False,
+                                 key=_key(spec), kind=_kind(spec), submitted=spec.submitted)
+    except DevicesBusy as exc:
+        joined.say(b"q" if spec.queue else b"b" + str(exc).encode()[:3000])
+        return None, None if spec.queue else exc
+    except Exception as exc:  # noqa: BLE001 - a claims folder it may not use, say
+        joined.say(b"e" + f"{type(exc).__name__}: {exc}".encode()[:3000])
+        return None, exc
+    joined.say(b"s")
+    return claim, None
+
+
+def wait_turn(spec: Any, recorder: Any, claim: Any) -> Any:
+    """Wait in the host's queue for the run's devices (gpu_lab.supervise.claims), unless it has
+    them; the recorder hears the run's place and its start. A stop while it waits (Run.stop,
+    run.cancel) raises here; a detach=False run whose kernel exits is withdrawn."""
+    from ..record import recorder as rec  # zmq: in the supervisor only
+
+    parent = os.getppid()
+    if claim is None:
+        claim = wait_for_devices(_request(spec), spec.run_id, spec.priority, key=_key(spec),
+                                 kind=_kind(spec), submitted=spec.submitted,
+                                 on_position=lambda n: rec.queued(recorder, n),
+                                 cancelled=lambda: not spec.detach and os.getppid() != parent)
+    rec.started(recorder, claim.as_record())
+    return claim
+
+
+def _request(spec: Any) -> Any:
+    return spec.gpus if spec.gpus is not None else spec.num_processes
+
+
+def _key(spec: Any) -> str | None:  # the nodes of one multi-node run on a host share a claim
+    return f"{spec.master_addr}:{spec.port}" if spec.num_nodes > 1 else None
+
+
+def _kind(spec: Any) -> str:
+    return "gpu" if spec.device == "cuda" else "cpu"
+
+
+class _Joined:
+    """The kernel's launch() waits for one word: the run has its place in the host's queue (so
+    runs launched one after another queue in that order), or why it has none."""
+
+    def __init__(self, fd: int | None) -> None:
+        self.fd = fd
+
+    def say(self, word: bytes) -> None:
+        if self.fd is None:
+            return
+        try:
+            os.write(self.fd, word)
+        except OSError:  # the kernel stopped listening: nothing to tell
+            pass
+        os.close(self.fd)
+        self.fd = None
