@@ -128,3 +128,41 @@ def test_node_one_in_its_own_network_namespace_reports_to_node_zero(tmp_path, na
     _one_record(tmp_path, node0, node1)
     row0 = Registry(tmp_path / "home0" / "registry.db").get_run(node0["id"])
     assert row0["events_address"].startswith(f"tcp://{addr}:"), row0["events_address"]
+
+
+def test_the_recorder_admits_another_nodes_public_key_only(tmp_path):
+    """Node 0's recorder takes events from a client pair made elsewhere once its public half is
+    admitted; a pair that was not admitted is refused and counted, its events never read."""
+    import time
+
+    import zmq
+
+    from gpu_lab.record.channel import ClientKey
+    from gpu_lab.record.recorder import Recorder
+    from gpu_lab.record.reporter import Reporter
+
+    reg = Registry(tmp_path / "registry.db")
+    reg.create_run("r1", name="r1")
+    rec = Recorder(reg, "r1")
+    pairs = [tuple(k.decode() for k in zmq.curve_keypair()) for _ in range(2)]
+    admitted, stranger = (ClientKey(rec.keys.public, pub, sec) for pub, sec in pairs)
+    rec.admit(admitted.public)
+    with pytest.raises(ValueError, match="admitted public"):
+        rec.admit("not a key")
+    reps = [Reporter(rec.address, "r1", rank=r, key=k) for r, k in ((1, admitted), (2, stranger))]
+    try:
+        for rep in reps:
+            for step in range(3):
+                rep.report(step, loss=1.0)
+            rep.flush()
+        deadline = time.monotonic() + 60
+        while (len(reg.metrics("r1", "loss")) < 3 or rec.refused < 1) \
+                and time.monotonic() < deadline:
+            rec.flush(1.0)
+    finally:
+        for rep in reps:
+            rep.close()
+        rec.close()
+    assert sorted((m["rank"], m["step"]) for m in reg.metrics("r1", "loss")) == \
+        [(1, 0), (1, 1), (1, 2)]
+    assert rec.refused >= 1
