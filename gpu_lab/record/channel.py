@@ -14,7 +14,10 @@ How the keys travel:
   environment variable GPU_LAB_EVENTS_KEY (a process's environment is readable by its user only);
   the recorder process gets the server pair on its stdin, and it is never written to disk;
 - a headless rank (run_entry) records through a Recorder in its own process: that Recorder makes
-  a key of its own, which never leaves the rank's process and its children.
+  a key of its own, which never leaves the rank's process and its children;
+- the other nodes of a multi-node run (gpu_lab.supervise.multinode) make client pairs of their
+  own and send node 0 only the public halves, over the rendezvous store; node 0's recorder admits
+  them (`Gate.admit`) and they get its public key and address back: no secret leaves a host.
 """
 from __future__ import annotations
 
@@ -132,18 +135,22 @@ class Gate:
         self.keys = keys
         self.admitted = 0
         self.refused = 0   # handshakes with another key: counted, never read
-        self._client = keys.client.public.encode()
+        self._clients = frozenset([keys.client.public.encode()])  # replaced whole by admit()
         self._auth = ThreadAuthenticator(ctx, log=_quiet_log())
         self._auth.start()
         self._auth.configure_curve_callback(ZAP_DOMAIN.decode(), self)
 
     def callback(self, domain: str, key: bytes) -> bool:  # ZAP, on the authenticator's thread
-        ok = hmac.compare_digest(key, self._client)
+        ok = any(hmac.compare_digest(key, c) for c in self._clients)
         if ok:
             self.admitted += 1
         else:
             self.refused += 1
         return ok
+
+    def admit(self, public: str) -> None:
+        """Also admit another client key: another node's, whose secret stays on that node."""
+        self._clients = self._clients | {_check("admitted public", public).encode()}
 
     def secure(self, sock: Any) -> None:
         sock.zap_domain = ZAP_DOMAIN

@@ -53,16 +53,18 @@ log = logging.getLogger(__name__)
 class Recorder:
     def __init__(self, registry: Any, run_id: str, *, publish: bool = True,
                  interval: float = 0.1, max_pending: int = 50_000, keys: RunKeys | None = None,
-                 private: bool = True) -> None:
+                 private: bool = True, host: str = "127.0.0.1") -> None:
         """keys: the run's channel keys (gpu_lab.record.channel); by default a fresh pair, whose
         client key (`client_key`) the ranks and readers must hold. private=False: no CURVE, any
-        local process can write and read (only for measuring what the privacy costs)."""
+        local process can write and read (only for measuring what the privacy costs).
+        host: the interface both sockets bind on; loopback unless other hosts must reach it."""
         import zmq
 
         self.registry = registry
         self.run_id = run_id
         self.interval = interval
         self.max_pending = max_pending
+        self.host = host
         self._zmq = zmq
         self._ctx = zmq.Context()
         self.keys = (keys or RunKeys.new()) if private else None
@@ -106,8 +108,15 @@ class Recorder:
             sock.setsockopt(self._zmq.MAXMSGSIZE, ev.MAX_MESSAGE)
         if self._gate is not None:
             self._gate.secure(sock)
-        sock.bind_to_random_port("tcp://127.0.0.1")
+        sock.bind_to_random_port(f"tcp://{self.host}")
         return sock
+
+    def admit(self, public: str) -> None:
+        """Admit another node's client key (its public half) to both sockets."""
+        if self._gate is None:
+            raise ValueError("Recorder.admit: this recorder is not private (private=False); "
+                             "it admits every client already")
+        self._gate.admit(public)
 
     @property
     def refused(self) -> int:
@@ -333,10 +342,11 @@ def _database_trouble(exc: BaseException) -> bool:
 # --- the recorder process of a launched run ---------------------------------------------------------
 
 
-def spawn(registry_path: str, run_id: str, log_path: str, keys: RunKeys) -> tuple[Any, dict]:
+def spawn(registry_path: str, run_id: str, log_path: str, keys: RunKeys,
+          host: str = "127.0.0.1") -> tuple[Any, dict]:
     """Start the recorder process of a launched run; returns (Popen, its addresses). Called by the
     supervisor: `end(proc, status)` tells it the run's end. The run's keys go over the process's
-    stdin: never on its command line, which every local user can read."""
+    stdin: never on its command line, which every local user can read. host: where it binds."""
     import subprocess
     import sys
     from pathlib import Path
@@ -350,7 +360,7 @@ def spawn(registry_path: str, run_id: str, log_path: str, keys: RunKeys) -> tupl
                                  run_id], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=log_file, env=env)
     try:
-        proc.stdin.write((json.dumps({"keys": keys.encode()}) + "\n").encode())
+        proc.stdin.write((json.dumps({"keys": keys.encode(), "host": host}) + "\n").encode())
         proc.stdin.flush()
     except OSError:  # it died at once: its log says why
         pass
@@ -386,6 +396,24 @@ def started(proc: Any, devices: dict) -> None:
     _tell(proc, {"start": devices})
 
 
+def admit(proc: Any, public: str, note: dict | None = None, timeout: float = 30.0) -> None:
+    """Have the recorder process admit another node's client key; returns once it has. note:
+    who that node is ({node_rank, host, run}), for the record."""
+    import select
+
+    _tell(proc, {"admit": public, "node": note or {}})
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    line = proc.stdout.readline() if ready else b""
+    if json.loads(line or b"{}").get("admitted") != public:
+        raise RuntimeError(f"the run's recorder did not admit another node's key within "
+                           f"{timeout:.0f} s (it said {line[:200]!r}); see the run's log")
+
+
+def part_of(proc: Any, where: dict) -> None:
+    """Tell the recorder process this node's ranks report to another node's run (`where`)."""
+    _tell(proc, {"part_of": where})
+
+
 def _tell(proc: Any, message: dict) -> None:
     try:
         proc.stdin.write((json.dumps(message) + "\n").encode())
@@ -407,6 +435,30 @@ def _queue_news(reg: Any, rec: "Recorder", run_id: str, said: dict) -> None:
         rec.record([ev.make(run_id, -1, ev.STATUS, {"status": "running"})])
 
 
+def _node_news(reg: Any, rec: "Recorder", run_id: str, said: dict) -> None:
+    """A multi-node run's word: admit another node's key (node 0), or where this node's ranks
+    report (the others: their row points at node 0's run)."""
+    import sys
+
+    if isinstance(said.get("admit"), str):
+        try:
+            rec.admit(said["admit"])
+            answer = {"admitted": said["admit"]}
+            node = said.get("node") if isinstance(said.get("node"), dict) else {}
+            rec.record([ev.make(run_id, -1, ev.LOG, {"text": f"a node joined the run: "
+                                                              f"{node.get('host')}, its launch "
+                                                              f"{node.get('run')}"})])
+        except ValueError as exc:
+            answer = {"refused": str(exc)}
+        sys.stdout.write(json.dumps(answer) + "\n")
+        sys.stdout.flush()
+    if isinstance(said.get("part_of"), dict):
+        reg.update(run_id, part_of=said["part_of"])
+        rec.record([ev.make(run_id, -1, ev.LOG, {"text": f"this node's ranks report to run "
+                                                          f"{said['part_of'].get('run')} on "
+                                                          f"{said['part_of'].get('host')}"})])
+
+
 def serve(registry_path: str, run_id: str) -> int:
     """The recorder process: bind, say where, record until the supervisor says the run ended."""
     import signal
@@ -417,13 +469,14 @@ def serve(registry_path: str, run_id: str) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # a stop is for the ranks: the
         signal.signal(sig, signal.SIG_IGN)                      # record must outlive them
     try:
-        keys = RunKeys.decode(json.loads(sys.stdin.readline())["keys"])
+        first = json.loads(sys.stdin.readline())
+        keys, host = RunKeys.decode(first["keys"]), str(first.get("host") or "127.0.0.1")
     except (ValueError, KeyError, TypeError) as exc:
         print(f"gpu_lab recorder: expected the run's keys as the first line of stdin "
               f"({exc}); it is started by gpu_lab.record.recorder.spawn", file=sys.stderr)
         return 2
     reg = Registry(registry_path)
-    rec = Recorder(reg, run_id, keys=keys)
+    rec = Recorder(reg, run_id, keys=keys, host=host)
     reg.update(run_id, events_address=rec.publish_address)
     sys.stdout.write(json.dumps({"address": rec.address, "publish": rec.publish_address}) + "\n")
     sys.stdout.flush()
@@ -438,6 +491,7 @@ def serve(registry_path: str, run_id: str) -> int:
         if not isinstance(said, dict):
             continue
         _queue_news(reg, rec, run_id, said)
+        _node_news(reg, rec, run_id, said)
         final = said.get("end") or final
         if final is not None:
             break

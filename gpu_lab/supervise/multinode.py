@@ -8,14 +8,107 @@ supervisor calls torch's elastic launcher directly, as notebook_launcher does fo
 environment, fork start, the function itself as the entry point), with the endpoint set to
 `master_addr:port` for both backends.
 
-Each node's launch is a run of its own: its own record, recorder and channel keys. Its ranks
-inherit the recorder's address and the run's client key from the supervisor's environment (fork
-start), as on one node; the channel is CURVE over TCP, so it can cross hosts as it is.
+One run, one record: node 0's recorder receives every node's ranks. On node 0 it binds on
+master_addr's interface (not loopback), and node 0's supervisor hosts the rendezvous store at
+master_addr:port before the rendezvous does (both backends open it multi-tenant, so they share
+that server). Through the store, under `gpu_lab/record/`:
+- node 0 says `recorder` = {run, host, address, server}: its run id, the recorder's address and
+  its public key;
+- each other node k makes a client pair of its own and says `node/k` = {public, run, host};
+  node 0's recorder admits that public key, and node 0 then says `admitted/k`;
+- node k waits for `admitted/k` before its ranks start, so its first event is admitted.
+Only public keys travel (the store is plaintext); each secret stays on its node. Node k's
+launch keeps a row of its own (its status, its logs, its rank files), whose `part_of` names
+node 0's run; its ranks' metrics, logs and checkpoints belong to node 0's run.
 """
 from __future__ import annotations
 
+import json
+import socket
+import time
 from dataclasses import fields
+from datetime import timedelta
 from typing import Any, Callable
+
+PREFIX = "gpu_lab/record/"
+JOIN_TIMEOUT = 900.0  # s a node waits for the others' word: torch's default rendezvous timeout
+
+
+def record_host(master_addr: str) -> str:
+    """The address node 0's recorder binds on: master_addr's, which the other nodes reach."""
+    try:
+        return socket.gethostbyname(master_addr)
+    except OSError as exc:
+        raise ValueError(f"launch: master_addr {master_addr!r} does not resolve ({exc}); pass "
+                         "node 0's address as the other nodes reach it") from None
+
+
+def _store(master_addr: str, port: int, host: bool, timeout: float = JOIN_TIMEOUT) -> Any:
+    """The rendezvous store at master_addr:port: hosted here (node 0), or reached (the others,
+    which may start first: they knock, a second at a time, so that a stop is heard meanwhile,
+    and torch's client, whose failed tries each log a stack trace, connects once it answers)."""
+    from torch.distributed import TCPStore
+
+    deadline = time.monotonic() + timeout
+    while not host:
+        try:
+            socket.create_connection((master_addr, port), timeout=1.0).close()
+            break
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"multi-node run: nothing answers at {master_addr}:{port} "
+                                   f"({exc}) after {timeout:.0f} s; start node 0's launch, "
+                                   "check that master_addr is node 0's address as this node "
+                                   "reaches it and that the port is open between them") from None
+            time.sleep(0.2)
+    # multi_tenant: the rendezvous opens the same server in this process (both backends do)
+    return TCPStore(master_addr, port, is_master=host, multi_tenant=True, wait_for_workers=False,
+                    timeout=timedelta(seconds=max(1.0, deadline - time.monotonic())))
+
+
+def _wait(store: Any, key: str, what: str, timeout: float) -> dict:
+    """The value of `key` once it is set; a short wait at a time, so that a stop is heard."""
+    deadline = time.monotonic() + timeout
+    while not store.check([PREFIX + key]):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"multi-node run: {what} within {timeout:.0f} s; start every "
+                               "node's launch with the same master_addr, port and num_nodes")
+        time.sleep(0.05)
+    return json.loads(store.get(PREFIX + key))
+
+
+def host_record(master_addr: str, port: int, num_nodes: int, run_id: str, address: str,
+                server_public: str, admit: Callable[[str, dict], None],
+                timeout: float = JOIN_TIMEOUT) -> Any:
+    """Node 0: say where the run's recorder is, admit each other node's key. Returns the store,
+    to be held until the rendezvous has opened it too (the ranks' launch)."""
+    store = _store(master_addr, port, host=True, timeout=timeout)
+    store.set(PREFIX + "recorder", json.dumps({"run": run_id, "host": socket.gethostname(),
+                                               "address": address, "server": server_public}))
+    for k in range(1, num_nodes):
+        part = _wait(store, f"node/{k}", f"node {k} did not join", timeout)
+        admit(str(part.get("public")), {**part, "node_rank": k})
+        store.set(f"{PREFIX}admitted/{k}", "1")
+    return store
+
+
+def join_record(master_addr: str, port: int, node_rank: int, run_id: str,
+                timeout: float = JOIN_TIMEOUT) -> dict:
+    """Node k > 0: where this node's ranks report ({run, host, address, key}), once node 0's
+    recorder has admitted the client key made here."""
+    import zmq
+
+    from ..record.channel import ClientKey
+
+    public, secret = (k.decode() for k in zmq.curve_keypair())
+    store = _store(master_addr, port, host=False, timeout=timeout)
+    store.set(f"{PREFIX}node/{node_rank}", json.dumps({"public": public, "run": run_id,
+                                                       "host": socket.gethostname()}))
+    _wait(store, f"admitted/{node_rank}", f"node 0 ({master_addr}:{port}) did not admit node "
+          f"{node_rank}", timeout)
+    head = _wait(store, "recorder", "node 0 did not say where its recorder is", timeout)
+    return {"run": head["run"], "host": head["host"], "address": head["address"],
+            "key": ClientKey(head["server"], public, secret)}
 
 
 def rendezvous_config(backend: str, node_rank: int) -> dict[str, Any]:
@@ -56,7 +149,33 @@ def launch_nodes(entry: Callable, args: tuple, *, num_processes: int, num_nodes:
             run_id=f"gpu_lab-{port}",  # the same on every node: the port names the job
             rdzv_endpoint=f"{master_addr}:{port}", rdzv_backend=rdzv_backend,
             rdzv_configs=rendezvous_config(rdzv_backend, node_rank),
-            max_restarts=0, monitor_interval=0.1, start_method="fork", **kw)
+            max_restarts=0, monitor_interval=0.1, start_method="fork",
+            # the ranks meet at node 0's address as the others reach it, not at its host name's
+            # (which may resolve to loopback, or to an interface the other nodes cannot reach)
+            local_addr=record_host(master_addr) if node_rank == 0 else None, **kw)
         if has_numa:
             config.numa_options = None
         elastic_launch(config=config, entrypoint=entry)(*args)
+
+
+def join_nodes(spec: Any, recorder: Any, where: dict) -> tuple[dict, Any]:
+    """For the supervisor (`spec`: its Spec): where the ranks report ({run, address, key}) and the
+    store to hold while they run. This run's recorder on one node and on node 0; node 0's on the
+    others, whose rows then point at node 0's run."""
+    from ..record import recorder as rec
+
+    own = {"run": spec.run_id, "address": where["address"], "key": spec.keys.client}
+    if spec.num_nodes == 1:
+        return own, None
+    if spec.node_rank == 0:
+        def admit(public: str, part: dict) -> None:
+            rec.admit(recorder, public, note=part)
+
+        return own, host_record(spec.master_addr, spec.port, spec.num_nodes, spec.run_id,
+                                where["address"], spec.keys.public, admit)
+    target = join_record(spec.master_addr, spec.port, spec.node_rank, spec.run_id)
+    rec.part_of(recorder, {"run": target["run"], "host": target["host"],
+                           "node_rank": spec.node_rank})
+    print(f"gpu_lab supervisor: node {spec.node_rank}'s ranks report to run {target['run']} on "
+          f"{target['host']} ({target['address']})", flush=True)
+    return target, None

@@ -1,3 +1,4 @@
+# Long: the supervisor's whole life (devices, recorder, ranks, end) reads best in one place.
 """The forked supervisor: what it does from the fork to its exit.
 
 The supervisor is forked from the kernel (which is still CUDA-free), becomes the leader of its own
@@ -38,6 +39,7 @@ from ..rank import outcome
 from ..rank.entry import RankEntry, redirect_output
 from ..rank.outcome import EXIT_FAILED, EXIT_OK, STOP_EXIT_CODE, STOP_SIGNALS, kill_live_workers
 from .claims import ClaimCancelled, DevicesBusy
+from .multinode import join_nodes, record_host
 from .turn import try_devices, wait_turn
 
 
@@ -168,11 +170,13 @@ def supervise(spec: Spec) -> None:
             if refused is not None:  # recorded as the run's failure, now that it has a recorder
                 raise refused
             claim = wait_turn(spec, recorder, claim)
-            _ranks_environment(spec, where["address"], claim)
+            target, store = join_nodes(spec, recorder, where)
+            _ranks_environment(spec, target, claim)
             print(f"gpu_lab supervisor pid={os.getpid()} run={spec.run_id} "
                   f"ranks={spec.num_processes} device={spec.device} port={spec.port} "
                   f"devices={[d.index for d in claim.devices]} detach={spec.detach}", flush=True)
             error, in_launch, monitor = _run_ranks(spec, folder)
+            store = None  # the rendezvous had it open too: theirs closes with them
         except BaseException as exc:  # noqa: BLE001 - the supervisor itself broke
             error, in_launch, monitor = exc, False, None
         _ignore_stop_signals()  # the bookkeeping below must not be cut short
@@ -252,19 +256,24 @@ def _spawn_recorder(spec: Spec, folder: RunFolder) -> tuple[Any, dict]:
 
     signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
-        return rec.spawn(spec.registry_path, spec.run_id, str(folder.log_file(None)), _keys(spec))
+        host = "127.0.0.1"
+        if spec.num_nodes > 1 and spec.node_rank == 0:  # the other nodes' ranks report here
+            host = record_host(spec.master_addr)
+        return rec.spawn(spec.registry_path, spec.run_id, str(folder.log_file(None)), _keys(spec),
+                         host=host)
     except BaseException:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
         raise
 
 
-def _ranks_environment(spec: Spec, address: str, claim: Any) -> None:
-    """What the ranks inherit: the run, its recorder's address and client key, the device, the
-    devices it claimed, the user's variables, and a thread count that is safe after a fork."""
+def _ranks_environment(spec: Spec, target: dict, claim: Any) -> None:
+    """What the ranks inherit: the run they report to, its recorder's address and a client key,
+    the device, the devices it claimed, the user's variables, and a thread count that is safe
+    after a fork."""
     # the ranks inherit the client key with the address: the environment of a process is
     # readable by its own user only (not by `ps` of another user, unlike a command line)
-    os.environ.update({ev.ENV_RUN_ID: spec.run_id, ev.ENV_ADDRESS: address,
-                       ENV_KEY: spec.keys.client.encode(),
+    os.environ.update({ev.ENV_RUN_ID: target["run"], ev.ENV_ADDRESS: target["address"],
+                       ENV_KEY: target["key"].encode(),
                        ev.ENV_RUN_DIR: spec.run_dir, ev.ENV_DEVICE: spec.device})
     if claim.kind == "gpu":  # the ranks see their GPUs only; this process stays CUDA-free
         os.environ.update(claim.env())
