@@ -68,17 +68,55 @@ ALIASES = {
     "precision": "mixed_precision",
     "nproc_per_node": "num_processes",
     "save_total_limit": "keep_last",
+    "gpu_ids": "gpus",  # accelerate's config: "all" or "0,1"
 }
 
 
 def _f(default: Any, help: str, *, choices: type[StrEnum] | tuple | None = None,
        lo: float | None = None, hi: float | None = None, optional: bool = False,
-       lo_open: bool = False, form: bool = True, path: bool = False) -> Any:
+       lo_open: bool = False, form: bool = True, path: bool = False,
+       check: Any = None) -> Any:
     """A dataclass field with the metadata that validation and the form widget read. `path`: a
-    file system path, never blank (an optional one may be left empty: None)."""
+    file system path, never blank (an optional one may be left empty: None). `check(name,
+    value)`: the validator of a field of several shapes (the form edits it as text)."""
     meta = {"help": help, "choices": choices, "lo": lo, "hi": hi, "optional": optional,
-            "lo_open": lo_open, "form": form, "path": path}
+            "lo_open": lo_open, "form": form, "path": path, "check": check}
     return field(default=default, metadata=meta)
+
+
+_GPUS_ACCEPTED = ("accepted: a count >= 1 (any free GPUs), a list of GPU indices such as "
+                  "[0, 1] or '0,1', 'all', or empty (one GPU per process)")
+
+
+def _check_gpus(name: str, value: Any) -> int | list[int] | str | None:
+    """gpus as launch() takes it: N, [indices] or "all"; the form's text ("2", "0,1", "[0, 1]")
+    is read into one of those. Whether this host has them is launch()'s check, not the config's
+    (a config may be written for another machine)."""
+    if isinstance(value, str):
+        text = value.strip().strip("[]()").strip()
+        if text.lower() == "all":
+            return "all"
+        if not text:
+            return None
+        try:
+            parts = [int(p) for p in text.split(",") if p.strip()]
+        except ValueError:
+            raise ValueError(f"{name}: got {value!r}; {_GPUS_ACCEPTED}") from None
+        value = parts[0] if len(parts) == 1 and "," not in text and "[" not in value else parts
+    if isinstance(value, int) and not isinstance(value, bool):
+        if not 1 <= value <= 1024:
+            raise ValueError(f"{name}: got {value}; {_GPUS_ACCEPTED}")
+        return value
+    if isinstance(value, (list, tuple)):
+        idx = list(value)
+        if not idx or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
+                              for i in idx):
+            raise ValueError(f"{name}: got {value!r}; {_GPUS_ACCEPTED} (indices are whole "
+                             f"numbers >= 0)")
+        if len(set(idx)) != len(idx):
+            raise ValueError(f"{name}: got {value!r}, which names a GPU twice; {_GPUS_ACCEPTED}")
+        return idx
+    raise TypeError(f"{name}: got {value!r} ({type(value).__name__}); {_GPUS_ACCEPTED}")
 
 
 @dataclass
@@ -134,6 +172,12 @@ class TrainConfig:
     num_processes: int | None = _f(None, "Processes (one per GPU). Empty: every GPU NVML reports, "
                                    "or 2 CPU processes on a host without a GPU.", lo=1, hi=1024,
                                    optional=True)
+    gpus: str | None = _f(None, "GPUs the ranks see: a count (any free ones), indices such as "
+                          "0,1, or all. Empty: one per process. GPUs other runs hold, of any "
+                          "user of the host, are waited for (the run is queued).", optional=True,
+                          check=_check_gpus)
+    priority: int = _f(0, "Among your own queued runs, higher starts first (then the order of "
+                       "launch); it never moves another user's runs back.", lo=-10**6, hi=10**6)
     num_workers: int = _f(2, "DataLoader worker processes per rank.", lo=0, hi=256)
     augment: str = _f("basic", "Augmentation: none, basic (crop + flip) or autoaugment (+ "
                       "RandomErasing).", choices=Augment)
@@ -170,9 +214,19 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             setattr(self, f.name, _validate_field(f, getattr(self, f.name)))
+        self._check_gpus_and_processes()
         if self.max_steps is None and self.epochs is None:
             raise ValueError("TrainConfig.max_steps: got None while epochs is None too; accepted: "
                              "a positive max_steps, or a positive epochs")
+
+    def _check_gpus_and_processes(self) -> None:
+        count = self.gpus if isinstance(self.gpus, int) else (
+            len(self.gpus) if isinstance(self.gpus, list) else None)
+        if count is not None and self.num_processes is not None and count != self.num_processes:
+            raise ValueError(f"TrainConfig.gpus: got {self.gpus!r}, {count} GPU(s) for "
+                             f"num_processes={self.num_processes}; accepted: one GPU per "
+                             f"process, so {self.num_processes} GPU(s), or leave one of the two "
+                             f"empty")
 
     # --- conversions ---------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -261,6 +315,8 @@ def _validate_field(f: dataclasses.Field, value: Any) -> Any:
     name = f"TrainConfig.{f.name}"
     m = f.metadata
     typ = _base_type(f)
+    if m.get("check") is not None and value is not None:
+        return m["check"](name, value)
     if value is None or (m["optional"] and value == ""):
         if m["optional"]:
             return None

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import pytest
 
@@ -40,6 +41,18 @@ BAD_CONFIGS = [
     ({"output_dir": ""}, ValueError, "output_dir"),  # "" is the current directory to os
     ({"output_dir": "  "}, ValueError, "output_dir"),
     ({"data_dir": " "}, ValueError, "data_dir"),
+    ({"gpus": 0}, ValueError, "gpus"),
+    ({"gpus": "two"}, ValueError, "gpus"),
+    ({"gpus": [0, 0]}, ValueError, "gpus"),
+    ({"gpus": [-1]}, ValueError, "gpus"),
+    ({"gpus": []}, ValueError, "gpus"),
+    ({"gpus": True}, TypeError, "gpus"),
+    ({"gpus": 1.5}, TypeError, "gpus"),
+    ({"gpus": 2, "num_processes": 4}, ValueError, "gpus"),
+    ({"gpus": [0, 1, 2], "num_processes": 2}, ValueError, "gpus"),
+    ({"priority": "high"}, TypeError, "priority"),
+    ({"priority": 1.5}, TypeError, "priority"),
+    ({"priority": 10**7}, ValueError, "priority"),
 ]
 
 
@@ -119,3 +132,35 @@ def test_blank_paths_are_refused_but_an_empty_data_dir_means_synthetic_data():
                                          r"synthetic data"):
         TrainConfig(data_dir=" ")
     assert TrainConfig(data_dir="").data_dir is None  # the form's empty field
+
+
+@pytest.mark.parametrize("given,kept", [
+    (None, None), ("", None), (2, 2), ("2", 2), (" 3 ", 3), ([0, 1], [0, 1]), ((4,), [4]),
+    ("0,1", [0, 1]), ("[0, 1]", [0, 1]), ("[2]", [2]), ("all", "all"), ("ALL", "all")])
+def test_gpus_takes_what_launch_takes_and_the_forms_text(given, kept):
+    c = TrainConfig(gpus=given)
+    assert c.gpus == kept
+    assert TrainConfig.from_json(c.to_json()) == c
+    assert TrainConfig.from_dict({"gpu_ids": "0,1"}).gpus == [0, 1]  # accelerate's name
+
+
+def test_launch_takes_gpus_and_priority_from_the_config(gpu_lab_home, tmp_path, monkeypatch):
+    import queue_fns
+    from gpu_lab.supervise.claims import host_queue
+
+    # the config's gpus reach launch's own check: this host has no GPU 999 (nor any GPU here)
+    with pytest.raises(ValueError, match=r"gpus=\[999\]"):
+        gpu_lab.launch(launch_fns.train_linear, config=TrainConfig(gpus=[999], max_steps=1))
+    monkeypatch.setenv("GPU_LAB_CLAIMS_DIR", str(tmp_path / "claims"))
+    go = tmp_path / "go"
+    run = gpu_lab.launch(queue_fns.hold_until, str(go), num_processes=1,
+                         config=TrainConfig(priority=3, max_steps=1))
+    try:
+        deadline = time.monotonic() + 60
+        while not host_queue() and time.monotonic() < deadline:
+            run.wait(0.05)
+        (row,) = host_queue()
+        assert (row.run_id, row.priority, row.state) == (run.id, 3, "holding")
+    finally:
+        go.write_text("")
+    assert run.wait(60) == "succeeded"

@@ -137,6 +137,54 @@ def test_doctor_gpu_topology_through_nvml_double():
     assert nv.initialised is False, "doctor must shut NVML down again"
 
 
+# a run's supervisor: claims a CPU slot in the host's queue, forks a "rank", says both pids
+CLAIMANT = r"""
+import subprocess, sys, time
+from gpu_lab.supervise.claims import wait_for_devices
+claim = wait_for_devices(1, "run-doctor", kind="cpu")
+rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+print(rank.pid, flush=True)
+sys.stdin.read()
+rank.kill()
+"""
+
+
+def test_doctor_names_gpu_memory_that_no_live_run_holds(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPU_LAB_CLAIMS_DIR", str(tmp_path / "claims"))
+    env = {**os.environ, "GPU_LAB_CPU_SLOTS": "2", "PYTHONPATH": str(ROOT)}
+    run = subprocess.Popen([sys.executable, "-c", CLAIMANT], env=env, stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE, text=True)
+    stray = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        rank = int(run.stdout.readline())
+        gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                              capture_output=True, text=True).stdout.strip()
+        nv = F.FakeTopologyNVML(gpus=3)  # FakeNVML with what doctor asks besides
+        nv.gpus[0].processes = {rank: 6 * GiB, run.pid: 300 * MiB}  # the run's: not named
+        nv.gpus[1].processes = {stray.pid: 3 * GiB}
+        nv.gpus[2].processes = {int(gone): 1 * GiB}  # ended: its pid is no one's now
+        rep = doctor(nvml=nv)
+        held = rep.gpus["unowned_processes"]
+        assert [(p["gpu"], p["pid"]) for p in held] == [(1, stray.pid), (2, int(gone))]
+        assert held[0]["bytes"] == 3 * GiB and "time.sleep(600)" in held[0]["command"]
+        assert held[0]["user"] and "not visible" in held[1]["command"]
+        (w,) = rep.warnings_about("GPU memory")
+        assert w.level == "warning"
+        for needle in (f"GPU 1: pid {stray.pid}", "3.00 GiB", "kill <pid>", held[0]["user"]):
+            assert needle in w.message, (needle, w.message)
+        assert str(rank) not in w.message
+        # the run ends: its rank, still holding memory, is named too
+        run.stdin.close()
+        run.wait(30)
+        nv.gpus[0].processes = {stray.pid: 1 * GiB}
+        assert [p["pid"] for p in doctor(nvml=nv).gpus["unowned_processes"]] == [stray.pid,
+                                                                                  stray.pid, int(gone)]
+    finally:
+        stray.kill()
+        run.kill()
+        stray.wait(), run.wait()
+
+
 # ----------------------------------------------------------------------------------- advisor
 
 def test_advisor_estimate_for_resnet50_is_within_25_percent_of_the_profiled_peak():

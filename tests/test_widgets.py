@@ -409,6 +409,26 @@ def test_launchpanel_launch_stop_checkpoint():
     p.close()
 
 
+def test_launchpanel_gpus_and_priority_reach_the_launch():
+    launcher = LauncherDouble()
+    p = LaunchPanel(train_fn=train_fn_double, launcher=launcher, dashboard_kw={"telemetry": False})
+    assert p.fields["gpus"].input.placeholder == "empty: one per process"
+    p.fields["gpus"].input.value = "zero,one"
+    assert "TrainConfig.gpus: got &#x27;zero,one&#x27;" in p.fields["gpus"].error.value
+    assert p.launch_button.disabled
+    p.fields["gpus"].input.value = "0,1"
+    p.fields["priority"].input.value = "5"
+    assert not p.errors
+    p.launch_button.click()
+    (fn, args, kw), = launcher.calls
+    assert (args[0].gpus, args[0].priority) == ([0, 1], 5)
+    p.set_config(TrainConfig(gpus="all"))
+    assert p.fields["gpus"].input.value == "all" and p.config.gpus == "all"
+    p.set_config(TrainConfig(gpus=[2, 3]))
+    assert p.config.gpus == [2, 3]  # the list, shown as text, reads back the same
+    p.close()
+
+
 def test_launchpanel_resumes_a_stopped_run_with_the_form_config(gpu_lab_home):
     reg = Registry()
     old = TrainConfig(max_steps=20, lr=0.01, num_processes=2)

@@ -2,7 +2,8 @@
 """gpu_lab.doctor(): what this machine is, and what in its setup will hurt training.
 
 Sections: system (OS, Python, torch and its CUDA / cuDNN / NCCL, the driver), gpus (through NVML:
-name, memory, compute capability, PCI bus, NUMA node), topology (the NVLink / PCIe matrix that
+name, memory, compute capability, PCI bus, NUMA node, and the processes that hold GPU memory but
+belong to no live gpu_lab run: gpu_holders), topology (the NVLink / PCIe matrix that
 `nvidia-smi topo -m` prints, and P2P), host (CPU, NUMA nodes, RAM, disk and /dev/shm), env (the
 variables that matter, with a warning where a value hurts), fork_safety (can this process still
 launch workers) and warnings.
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..telemetry.probe import nvml_session
+from . import gpu_holders
 from ..units import GiB, fmt_bytes
 
 SECTIONS = ("system", "gpus", "topology", "host", "env", "fork_safety", "warnings")
@@ -504,11 +506,15 @@ def doctor(env: dict[str, str] | None = None, *, nvml: Any = None,
     t0 = time.perf_counter()
     environ = dict(os.environ)
     environ.update(env or {})
+    owners_unknown = None
     with nvml_session(nvml) as (nv, reason):
         system = system_info(nv)
         if nv is not None:
             gpus, handles = gpu_info(nv)
             topology = topology_info(nv, handles, gpus["devices"])
+            owners, owners_unknown = gpu_holders.run_owners()
+            gpus["unowned_processes"] = gpu_holders.unowned_processes(nv, handles,
+                                                                      gpus["devices"], owners)
         else:
             gpus, handles = {"count": 0, "devices": [], "reason": reason}, []
             topology = topology_info(None, [], [])
@@ -518,6 +524,9 @@ def doctor(env: dict[str, str] | None = None, *, nvml: Any = None,
     fork = fork_safety_info()
     if not fork["safe"]:
         findings.insert(0, Finding(WARNING, "fork safety", f"{fork['problem']} {fork['remedy']}"))
+    if gpus.get("unowned_processes"):
+        findings.append(Finding(WARNING, "GPU memory", gpu_holders.advice(
+            gpus["unowned_processes"], owners_unknown)))
     if gpus["count"] == 0:
         findings.append(Finding(INFO, "GPU", f"no GPU visible ({gpus.get('reason') or 'NVML lists none'}); "
                                              "gpu_lab.launch runs CPU ranks over gloo."))

@@ -32,7 +32,7 @@ def launch(fn: Callable, *args: Any, num_processes: int | None = None,
            num_nodes: int = 1, node_rank: int = 0, master_addr: str = "127.0.0.1",
            port: int | None = None, rdzv_backend: str = "static",
            env: dict[str, str] | None = None, notebook: str | None = None,
-           notify: str | list[str] | None = None, gpus: Any = None, priority: int = 0,
+           notify: str | list[str] | None = None, gpus: Any = None, priority: int | None = None,
            queue: bool = True) -> Run:
     """Launch `fn(*args)` on `num_processes` ranks through accelerate.notebook_launcher, inside a
     supervisor process that owns the run's record, and return a Run handle at once.
@@ -48,7 +48,9 @@ def launch(fn: Callable, *args: Any, num_processes: int | None = None,
       indices, or "all"; None: one per rank. On a host without GPUs each rank takes a CPU slot
       (the usable cores, or GPU_LAB_CPU_SLOTS). Devices other runs hold, of any user of the host,
       are waited for: the run is `queued` until its turn (gpu_lab.queue() shows the host's queue).
-    priority: among your own queued runs, higher starts first (then the order of launch).
+      None: the config's `gpus`, if any.
+    priority: among your own queued runs, higher starts first (then the order of launch);
+      None: the config's, else 0.
     queue: False refuses at once (DevicesBusy, naming who holds them) instead of waiting.
     notify: apprise URL(s) told when the run ends (name, status, triage, duration), e.g.
       "json://host/hook" or "mailto://user:password@example.com"; None: the GPU_LAB_NOTIFY
@@ -67,7 +69,10 @@ def launch(fn: Callable, *args: Any, num_processes: int | None = None,
                 else (config.mixed_precision if config is not None else "no"),
                 name=name, detach=detach, num_nodes=num_nodes, node_rank=node_rank,
                 master_addr=master_addr, port=port, rdzv_backend=rdzv_backend,
-                env=dict(env or {}), gpus=gpus, priority=priority, queue=queue,
+                env=dict(env or {}), gpus=gpus if gpus is not None
+                else (config.gpus if config is not None else None),
+                priority=priority if priority is not None
+                else (config.priority if config is not None else 0), queue=queue,
                 submitted=time.time())  # checks every argument: nothing has started yet
     notify_urls = notices.resolve(notify)
     visible = gpu_count()

@@ -25,7 +25,7 @@ from .dashboard import Dashboard
 #: Form sections (field order within a section follows this list; fields that no section names
 #: land in "other", so a new TrainConfig field shows up without touching this file).
 SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("run", ("model", "num_processes", "mixed_precision", "max_steps", "epochs", "batch_size", "lr",
+    ("run", ("model", "num_processes", "gpus", "priority", "mixed_precision", "max_steps", "epochs", "batch_size", "lr",
              "data_dir")),
     ("optimisation", ("optimizer", "scheduler", "warmup_ratio", "weight_decay", "momentum",
                       "step_size", "gamma", "grad_accum_steps", "max_grad_norm")),
@@ -38,6 +38,7 @@ SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 _FIELD_RE = re.compile(r"TrainConfig\.(\w+)")
 _DESC = {"description_width": "150px"}
+_EMPTY = {"num_processes": "auto", "gpus": "one per process"}  # what an empty optional field means
 
 
 class Field:
@@ -57,8 +58,7 @@ class Field:
         elif typ is bool:
             self.input = W.Checkbox(value=bool(value), description=name, style=_DESC, layout=lay)
         else:
-            hint = "empty: " + ("auto" if name == "num_processes" else "none") \
-                if info.get("optional") else ""
+            hint = "empty: " + _EMPTY.get(name, "none") if info.get("optional") else ""
             self.input = W.Text(value=self._to_text(value), description=name, placeholder=hint,
                                 style=_DESC, layout=lay, continuous_update=True)
         rng = ""
