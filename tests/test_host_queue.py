@@ -84,6 +84,7 @@ def test_four_runs_on_two_slots_run_one_at_a_time_by_priority_then_launch(host):
         assert st.index("queued") < st.index("running"), st
         assert r["queue_position"] is None
     assert "queued" not in _statuses(reg, rows[0]["id"])
+    assert [r["priority"] for r in rows] == [0, 5, 0, 0]
     for r in rows:
         assert [d["index"] for d in r["devices"]["devices"]] == [0, 1]
         assert r["devices"]["kind"] == "cpu"

@@ -148,7 +148,7 @@ def _create_run(spec: Spec, config: TrainConfig | None, source: dict | None, reg
                         num_processes=spec.num_processes, num_nodes=spec.num_nodes,
                         node_rank=spec.node_rank, output_dir=output_dir, run_dir=spec.run_dir,
                         notebook=notebook or _notebook_path(), detach=int(spec.detach),
-                        entry=_entry_of(spec.fn), resumed_from=source)
+                        entry=_entry_of(spec.fn), resumed_from=source, priority=spec.priority)
     return Run(spec.run_id, spec.name, folder.path, spec.num_processes, registry, config=config,
                port=spec.port, device=spec.device, detach=spec.detach, output_dir=output_dir,
                resumed_from=source)
