@@ -48,6 +48,14 @@ claim = wait_for_devices(args["gpus"], args["run"], args.get("prio", 0), nvml=nv
                          key=args.get("key"), on_position=lambda n: note(event="position", n=n))
 note(event="start", t=time.time(), mono=time.monotonic(), devices=[d.index for d in claim.devices],
      cvd=claim.cuda_visible_devices())
+if args.get("fake_gpus"):  # as the supervisor does for its ranks: what a forked rank sees
+    os.environ.update(claim.env())
+    child = os.fork()
+    if child == 0:
+        note(event="rank", cvd=os.environ.get("CUDA_VISIBLE_DEVICES"),
+             order=os.environ.get("CUDA_DEVICE_ORDER"))
+        os._exit(0)
+    os.waitpid(child, 0)
 if args.get("fork_child") and os.fork() == 0:  # a rank: it inherits the claim's descriptors
     while not os.path.exists(args["fork_child"]):
         time.sleep(0.02)
@@ -311,6 +319,8 @@ def test_fake_gpus_disjoint_never_the_foreign_one(host):
     spans = {run: (host.events(run, "start")[0], host.events(run, "end")[0]) for run, _ in order}
     for x, (xs, xe) in spans.items():
         assert 3 not in xs["devices"] and xs["cvd"] == ",".join(map(str, xs["devices"]))
+        assert host.events(x, "rank")[0] == {"event": "rank", "cvd": xs["cvd"],
+                                             "order": "PCI_BUS_ID"}
         for y, (ys, ye) in spans.items():
             if x < y and xs["t"] < ye["t"] and ys["t"] < xe["t"]:
                 assert not set(xs["devices"]) & set(ys["devices"]), (x, y, spans)
