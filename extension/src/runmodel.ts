@@ -306,6 +306,12 @@ export class RunViewModel {
   private _setRow(row: IRun, emit = true): void {
     const wasActive = this.isActive;
     this.row = { ...(this.row ?? {}), ...row };
+    if (row.devices?.kind === 'gpu') {
+      // the GPUs the run claimed (gpu_lab.supervise.claims): its own from its first step
+      for (const d of row.devices.devices ?? []) {
+        this.runGpus.add(d.index);
+      }
+    }
     if (emit) {
       this._changed.emit('row');
     }

@@ -361,7 +361,7 @@ export class RunView extends Widget {
     this._systemNote.textContent = !gpus.size
       ? 'No GPU visible to NVML on this host: host readings only.'
       : mine.size
-        ? `GPU ${[...mine].sort((a, b) => a - b).join(', ')}: where this run's ranks hold memory.`
+        ? `GPU ${[...mine].sort((a, b) => a - b).join(', ')}: this run's (claimed, or where its ranks hold memory).`
         : 'Every GPU of this host (which ones this run uses shows once its ranks hold memory).';
     for (const spec of SYSTEM_CHARTS) {
       const series: IChartSeries[] = [];
