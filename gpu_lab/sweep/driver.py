@@ -8,7 +8,7 @@ reports the mean over seeds to Optuna at every step all seeds have reached, and 
 pruner says so: the runs are stopped (they checkpoint) and get the final status `pruned`; the
 trial is PRUNED in the study. A trial's value is the mean over its seeds of each run's last value
 of the metric; a failed run fails its trial. The driver ends with the study's last trial, on a stop
-request (the sweep folder's `stop` file) or, unless detached, when the launching kernel is gone.
+request (the sweep folder's stop_requested file) or, unless detached, when the launching kernel is gone.
 """
 from __future__ import annotations
 

@@ -64,11 +64,11 @@ def sweep(fn: Callable, base_cfg: Any, space: Mapping[str, Any], *, trials: int 
     st.check_choice("direction", direction, st.DIRECTIONS)
     checked = sp.check(base, space, seeds=seeds)
     grid_space = sp.grid(checked) if sampler == "grid" else None
+    chosen_sampler, chosen_pruner = st.sampler(sampler, grid_space, sampler_seed), st.pruner(pruner)
     sweep_id = time.strftime("sweep-%Y%m%d-%H%M%S-") + secrets.token_hex(3)
     storage = storage or st.default_storage()
     optuna.create_study(study_name=sweep_id, storage=st.storage_of(storage), direction=direction,
-                        sampler=st.sampler(sampler, grid_space, sampler_seed),
-                        pruner=st.pruner(pruner))
+                        sampler=chosen_sampler, pruner=chosen_pruner)
     spec = {"id": sweep_id, "name": name or sweep_id, "entry": entry, "base": base.to_dict(),
             "space": sp.to_json(checked), "trials": int(trials), "parallel": int(parallel),
             "gpus_per_trial": int(gpus_per_trial), "metric": metric, "direction": direction,

@@ -5,7 +5,7 @@ beside the registry, so `optuna.load_study(study_name=sweep_id, storage=...)` an
 optuna-dashboard open it as they are; `storage=` takes any Optuna storage URL. The study's name is
 the sweep id. Its user attributes hold what gpu_lab adds: the sweep's settings ("gpu_lab"), the
 driver's pid and start time, and its state (running → finished | failed | stopped). A sweep also
-has a private folder, $GPU_LAB_HOME/sweeps/<id>/: the driver's spec, its log and a stop request.
+has a private folder, $GPU_LAB_HOME/sweeps/<id>/: the driver's spec, its log and a stop request (stop_requested).
 """
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def log_path(sweep_id: str) -> Path:
 
 
 def stop_path(sweep_id: str) -> Path:
-    return folder(sweep_id) / "stop"
+    return folder(sweep_id) / "stop_requested"
 
 
 def spec_path_exists(sweep_id: str) -> bool:
