@@ -35,6 +35,7 @@ _API = {
     "LaunchPanel": "gpu_lab.widgets",
     "LivePlot": "gpu_lab.widgets",
     "GPUPanel": "gpu_lab.widgets",
+    "SweepView": "gpu_lab.widgets",
 }
 
 _SUBMODULES = ("config", "record", "readers", "telemetry", "train", "data", "diagnostics",

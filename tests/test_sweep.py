@@ -92,6 +92,15 @@ def test_twelve_trials_two_at_a_time_with_asha(host):
     rows = sw.trials
     assert [r["status"] for r in rows].count("pruned") == len(pruned)
     assert all(r["best"] is not None and r["last"] is not None for r in rows)
+    print(f"\n{len(pruned)} of 12 trials pruned; best {best.value:.3f} with {best.params}")
+
+    view = gpu_lab.SweepView(sw, top=3)  # the notebook's view of it, built from the same records
+    assert view.table.value.count("<tr>") == 13 and view.table.value.count("pruned") >= len(pruned)
+    dims = view.parallel_figure.data[0].dimensions
+    assert [d.label for d in dims] == ["lr", "optimizer", "accuracy", "pruned"]
+    assert len(dims[0].values) == 12
+    assert len(view.curves_figure.data) == 3
+    assert len(view.parallel.children) == len(view.curves.children) == 1
 
 
 KERNEL = """
