@@ -148,3 +148,37 @@ def test_a_detached_sweep_outlives_a_sigkilled_kernel(host):
     assert len(seen["trials"]) == 4
     assert all(t["status"] in ("complete", "pruned") for t in seen["trials"]), seen["trials"]
     assert len([r for r in Registry().list_runs() if r.get("sweep") == sweep_id]) == 4
+
+
+def _driver_running_a_trial(sw) -> int:
+    deadline = time.monotonic() + 300
+    while not any(r["status"] == "running" and r["step"] for r in sw.trials):
+        assert time.monotonic() < deadline and sw.state == "running", sw.trials
+        time.sleep(0.2)
+    return int(sw.study.user_attrs["driver_pid"])
+
+
+@pytest.mark.timeout(900)
+def test_a_sweep_whose_driver_died_resumes_its_study(host):
+    sw = gpu_lab.sweep(gpu_lab.train_classifier, tiny(host), SPACE, trials=4, parallel=2,
+                       detach=True, pruner=None)
+    os.kill(_driver_running_a_trial(sw), signal.SIGKILL)
+    sw._proc.wait(10)
+    assert sw.state == "lost"
+    left = [r["trial"] for r in sw.trials if r["status"] == "running"]
+    assert left
+    assert sw.resume().wait(timeout=600) == "finished"
+    rows = sw.trials
+    assert len(rows) == 4 and all(r["status"] == "complete" for r in rows), rows
+    assert all(rows[n]["value"] is not None for n in left)  # followed to their end, not redone
+    assert len([r for r in Registry().list_runs() if r.get("sweep") == sw.id]) == 4
+
+
+@pytest.mark.timeout(600)
+def test_stop_ends_the_running_trials_and_asks_for_no_more(host):
+    sw = gpu_lab.sweep(gpu_lab.train_classifier, tiny(host), SPACE, trials=8, parallel=2)
+    _driver_running_a_trial(sw)
+    assert sw.stop(timeout=300) == "stopped"
+    runs = [r for r in Registry().list_runs() if r.get("sweep") == sw.id]
+    assert len(runs) <= 4 and all(r["status"] in ("stopped", "succeeded") for r in runs), runs
+    assert len(sw.study.trials) == len(runs)

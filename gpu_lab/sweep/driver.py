@@ -53,6 +53,26 @@ class Driver:
         self.maximize = spec["direction"] == "maximize"
         self.active: dict[int, TrialRuns] = {}
         self.asked = len(self.study.trials)
+        self._adopt()
+
+    def _adopt(self) -> None:
+        """A resumed sweep: the trials its dead driver left running are followed again (their
+        runs, detached, went on); one that never got its runs failed."""
+        import optuna
+
+        from ..launch import attach
+
+        for t in self.study.get_trials(deepcopy=False,
+                                       states=(optuna.trial.TrialState.RUNNING,)):
+            ids = t.user_attrs.get("runs")
+            if not ids or len(ids) < self.spec["seeds"]:
+                self.study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+                continue
+            tr = TrialRuns(optuna.trial.Trial(self.study, t._trial_id), [attach(i) for i in ids],
+                           dict(t.params))
+            tr.reported = max(t.intermediate_values, default=-1)
+            self.active[t.number] = tr
+            print(f"trial {t.number}: adopted {ids}", flush=True)
 
     # --- the loop ----------------------------------------------------------------------------------
     def run(self) -> str:

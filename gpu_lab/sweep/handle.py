@@ -78,6 +78,7 @@ def sweep(fn: Callable, base_cfg: Any, space: Mapping[str, Any], *, trials: int 
     st.spec_path(sweep_id).write_text(json.dumps(spec, indent=1))
     handle = Sweep(spec)
     handle._proc = _start_driver(sweep_id)
+    handle.study.set_user_attr("driver_pid", handle._proc.pid)
     return handle
 
 
@@ -149,10 +150,8 @@ class Sweep:
             return "running" if self._proc.poll() is None else "lost"
         from .driver import _alive
 
-        pid = attrs.get("driver_pid")
-        if pid is None:  # not started yet: its log tells when it could not
-            return "running"
-        return "running" if _alive(int(pid), None) else "lost"
+        pid = attrs.get("driver_pid")  # set by whoever started the driver, before it runs
+        return "running" if pid is not None and _alive(int(pid), None) else "lost"
 
     @property
     def done(self) -> bool:
@@ -171,6 +170,18 @@ class Sweep:
         """Stop the sweep: its running trials are stopped with a checkpoint, it asks for no more."""
         st.stop_path(self.id).touch()
         return self.wait(timeout)
+
+    def resume(self) -> "Sweep":
+        """Continue a sweep whose driver died (state lost) or that was stopped: a new driver
+        follows the trials left running and asks for the rest."""
+        state = self.state
+        if state in ("running", "finished"):
+            raise ValueError(f"sweep {self.id} is {state}: only a lost or stopped sweep resumes")
+        st.stop_path(self.id).unlink(missing_ok=True)
+        self.study.set_user_attr("state", "running")
+        self._proc = _start_driver(self.id)
+        self.study.set_user_attr("driver_pid", self._proc.pid)
+        return self
 
     @property
     def trials(self) -> list[dict]:
