@@ -182,3 +182,36 @@ def test_stop_ends_the_running_trials_and_asks_for_no_more(host):
     runs = [r for r in Registry().list_runs() if r.get("sweep") == sw.id]
     assert len(runs) <= 4 and all(r["status"] in ("stopped", "succeeded") for r in runs), runs
     assert len(sw.study.trials) == len(runs)
+
+
+@pytest.mark.timeout(600)
+def test_seeds_make_one_trial_of_several_runs_valued_by_their_mean(host):
+    cfg = tiny(host)
+    sw = gpu_lab.sweep(gpu_lab.train_classifier, cfg, {"lr": [3e-3]}, trials=1, seeds=2,
+                       parallel=1, pruner=None)
+    assert sw.wait(timeout=500) == "finished"
+    (row,) = sw.trials
+    assert len(row["runs"]) == 2
+    reg = Registry()
+    seeds = sorted(reg.get_run(r)["config"]["seed"] for r in row["runs"])
+    assert seeds == [cfg.seed, cfg.seed + 1]
+    lasts = [reg.metrics(r, name="accuracy", rank=0)[-1]["value"] for r in row["runs"]]
+    assert row["value"] == pytest.approx(sum(lasts) / 2)
+    with pytest.raises(ValueError, match="'seed' with seeds>1"):
+        gpu_lab.sweep(gpu_lab.train_classifier, cfg, {"seed": [1, 2]}, seeds=2)
+
+
+UNDETACHED = KERNEL.replace("detach=True", "detach=False")
+
+
+@pytest.mark.timeout(600)
+def test_a_sweep_not_detached_ends_with_its_kernel(host):
+    kernel = _python(UNDETACHED.format(tests=str(ROOT / "tests"), tmp=str(host)),
+                     stdin=subprocess.PIPE)
+    sw = gpu_lab.attach(kernel.stdout.readline().strip())
+    _driver_running_a_trial(sw)
+    os.kill(kernel.pid, signal.SIGKILL)
+    kernel.wait(10)
+    assert sw.wait(timeout=300) == "stopped"
+    runs = [r for r in Registry().list_runs() if r.get("sweep") == sw.id]
+    assert runs and all(r["status"] in ("stopped", "succeeded") for r in runs), runs
