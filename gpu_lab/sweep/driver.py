@@ -200,8 +200,16 @@ def _alive(pid: int, started: float | None) -> bool:
         return False
 
 
+def _warm() -> None:
+    """Import what a training kernel has imported: every trial's ranks are forked from here
+    (through its supervisor) and inherit it, instead of importing torch anew each time."""
+    import accelerate  # noqa: F401
+    import torch  # noqa: F401
+
+
 def main(argv: list[str]) -> int:
     spec = json.loads(st.spec_path(argv[0]).read_text())
+    _warm()
     driver = None
     try:
         driver = Driver(spec)
