@@ -112,8 +112,8 @@ class Driver:
             name = f"{self.id}-t{trial.number}" + (f"-s{i}" if self.spec["seeds"] > 1 else "")
             gpus = self.spec["gpus_per_trial"]
             on_gpu = self.spec["device"] == "cuda"
-            run = launch(self.fn, cfg, name=name, detach=self.spec["detach"],
-                         gpus=gpus if on_gpu else None, num_processes=None if on_gpu else gpus)
+            run = launch(self.fn, cfg, name=name, detach=self.spec["detach"],  # a rank per device
+                         gpus=gpus if on_gpu else None, num_processes=gpus)
             self.registry.update(run.id, sweep=self.id)
             runs.append(run)
         trial.set_user_attr("runs", [r.id for r in runs])

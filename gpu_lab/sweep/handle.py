@@ -42,7 +42,8 @@ def sweep(fn: Callable, base_cfg: Any, space: Mapping[str, Any], *, trials: int 
     such as gpu_lab.train_classifier); it reports `metric` with gpu_lab.report.
 
     Each trial is `seeds` gpu_lab.launch runs (seeds base_cfg.seed, +1, …; its value is their mean)
-    of `gpus_per_trial` GPUs each (CPU slots on a host without GPUs), queued on the host like any
+    of `gpus_per_trial` ranks, one per GPU (a CPU slot each on a host without GPUs; it sets the
+    run's num_processes), queued on the host like any
     run. pruner: "asha" (successive halving), "median", "hyperband" or None; sampler: "tpe",
     "random" or "grid". detach=True: the sweep outlives this kernel (gpu_lab.attach(sweep_id)
     follows it). storage: an Optuna storage URL (default sqlite:///$GPU_LAB_HOME/sweeps.db).
