@@ -14,7 +14,11 @@ _API = {
     "TrainConfig": "gpu_lab.config",
     "launch": "gpu_lab.launch",
     "Run": "gpu_lab.launch",
-    "attach": "gpu_lab.launch",
+    "attach": "gpu_lab.sweep",  # a run's id or name, or a sweep's id
+    "sweep": "gpu_lab.sweep",
+    "attach_sweep": "gpu_lab.sweep",
+    "loguniform": "gpu_lab.sweep",
+    "uniform": "gpu_lab.sweep",
     "preflight": "gpu_lab.launch",
     "PreflightError": "gpu_lab.launch",
     "accelerator": "gpu_lab.launch",
@@ -31,13 +35,14 @@ _API = {
     "LaunchPanel": "gpu_lab.widgets",
     "LivePlot": "gpu_lab.widgets",
     "GPUPanel": "gpu_lab.widgets",
+    "SweepView": "gpu_lab.widgets",
 }
 
 _SUBMODULES = ("config", "record", "readers", "telemetry", "train", "data", "diagnostics",
                "export", "widgets", "models", "tutorial", "cases")
 
 __getattr__, __dir__, __all__ = lazy_api(__name__, _API, submodules=_SUBMODULES,
-                                          modules=("launch",))  # a callable package
+                                          modules=("launch", "sweep"))  # a callable package
 __all__ = __all__ + ["__version__"]
 
 

@@ -7,7 +7,7 @@
 /** a run that may still report (gpu_lab.record.events) */
 export const ACTIVE_STATUSES = ['pending', 'queued', 'running', 'stopping'] as const;
 /** a run that has ended (gpu_lab.record.events) */
-export const FINAL_STATUSES = ['succeeded', 'failed', 'stopped', 'lost'] as const;
+export const FINAL_STATUSES = ['succeeded', 'failed', 'stopped', 'lost', 'pruned'] as const;
 /** points per series a run view or comparison opens with (gpu_lab.server.runview) */
 export const DEFAULT_POINTS = 1000;
 /** the series key of the mean over ranks (gpu_lab.server.runview) */

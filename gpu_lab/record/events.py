@@ -40,7 +40,8 @@ KINDS = (METRIC, STATUS, ERROR, LOG, DROPPED)
 
 # A run's status, as the registry keeps it and status events carry it.
 ACTIVE_STATUSES = ("pending", "queued", "running", "stopping")
-FINAL_STATUSES = ("succeeded", "failed", "stopped", "lost")
+# pruned: stopped with a checkpoint by its sweep (gpu_lab.sweep), its trial judged hopeless
+FINAL_STATUSES = ("succeeded", "failed", "stopped", "lost", "pruned")
 LOST = "its supervisor process ended without recording a final status"  # a lost run's reason
 STATUSES = ACTIVE_STATUSES + FINAL_STATUSES
 

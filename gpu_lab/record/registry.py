@@ -88,7 +88,7 @@ CREATE TABLE IF NOT EXISTS checkpoints (
 _ADDED = (("reason", "TEXT"), ("detach", "INTEGER DEFAULT 0"), ("events_address", "TEXT"),
           ("entry", "TEXT"), ("resumed_from", "TEXT"), ("last_step", "INTEGER"),
           ("summary", "TEXT"), ("devices", "TEXT"), ("priority", "INTEGER DEFAULT 0"),
-          ("queue_position", "INTEGER"), ("part_of", "TEXT"))
+          ("queue_position", "INTEGER"), ("part_of", "TEXT"), ("sweep", "TEXT"))
 
 _COLUMNS = ("id", "name", "status", "config", "num_processes", "num_nodes", "node_rank", "host",
             "pid", "pgid", "pid_started", "started", "ended", "notebook", "output_dir", "run_dir",

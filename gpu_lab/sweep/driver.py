@@ -1,0 +1,228 @@
+"""The sweep's driver: `python -m gpu_lab.sweep.driver <sweep id>`, a fresh interpreter started by
+gpu_lab.sweep() (never a fork of the kernel: a forked kernel cannot safely write SQLite).
+
+It asks Optuna for trials, `parallel` at a time; each trial is `seeds` gpu_lab.launch runs (one per
+seed, each with its own record, checkpoints and place in the host queue), tagged with the sweep in
+the registry (column `sweep`). It reads the trials' metric from their records as it arrives,
+reports the mean over seeds to Optuna at every step all seeds have reached, and prunes when the
+pruner says so: the runs are stopped (they checkpoint) and get the final status `pruned`; the
+trial is PRUNED in the study. A trial's value is the mean over its seeds of each run's last value
+of the metric; a failed run fails its trial. The driver ends with the study's last trial, on a stop
+request (the sweep folder's stop_requested file) or, unless detached, when the launching kernel is gone.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from typing import Any
+
+from . import space as sp
+from . import study as st
+
+POLL = 0.5  # seconds between reads of the trials' records
+
+
+class TrialRuns:
+    """One Optuna trial and its runs (one per seed)."""
+
+    def __init__(self, trial: Any, runs: list, params: dict) -> None:
+        self.trial, self.runs, self.params = trial, runs, params
+        self.reported = -1  # the newest step reported to Optuna
+        self.best: float | None = None
+        self.last: float | None = None
+
+
+class Driver:
+    def __init__(self, spec: dict) -> None:
+        import optuna
+
+        from ..config import TrainConfig
+        from ..rank.address import resolve_entry
+        from ..record.registry import Registry
+
+        self.spec = spec
+        self.id = spec["id"]
+        self.fn = resolve_entry(spec["entry"])
+        self.base = TrainConfig.from_dict(spec["base"])
+        self.space = sp.from_json(spec["space"])
+        self.registry = Registry()
+        self.study = optuna.load_study(study_name=self.id, storage=st.storage_of(spec["storage"]))
+        self.maximize = spec["direction"] == "maximize"
+        self.active: dict[int, TrialRuns] = {}
+        self.asked = len(self.study.trials)
+        self._adopt()
+
+    def _adopt(self) -> None:
+        """A resumed sweep: the trials its dead driver left running are followed again (their
+        runs, detached, went on); one that never got its runs failed."""
+        import optuna
+
+        from ..launch import attach
+
+        for t in self.study.get_trials(deepcopy=False,
+                                       states=(optuna.trial.TrialState.RUNNING,)):
+            ids = t.user_attrs.get("runs")
+            if not ids or len(ids) < self.spec["seeds"]:
+                self.study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+                continue
+            tr = TrialRuns(optuna.trial.Trial(self.study, t._trial_id), [attach(i) for i in ids],
+                           dict(t.params))
+            tr.reported = max(t.intermediate_values, default=-1)
+            self.active[t.number] = tr
+            print(f"trial {t.number}: adopted {ids}", flush=True)
+
+    # --- the loop ----------------------------------------------------------------------------------
+    def run(self) -> str:
+        self.study.set_user_attr("driver_pid", os.getpid())
+        self.study.set_user_attr("state", "running")
+        while self.asked < self.spec["trials"] or self.active:
+            why = self._why_stop()
+            if why:
+                self._stop_all(why)
+                return "stopped"
+            while len(self.active) < self.spec["parallel"] and self.asked < self.spec["trials"]:
+                self._start_trial()
+            for number, tr in list(self.active.items()):
+                if self._follow(tr):
+                    del self.active[number]
+            time.sleep(POLL)
+        return "finished"
+
+    def _why_stop(self) -> str | None:
+        if st.stop_path(self.id).exists():
+            return "the sweep was stopped by the user"
+        kernel = self.spec.get("kernel")
+        if kernel and not self.spec["detach"] and not _alive(kernel["pid"], kernel["started"]):
+            return "the launching kernel exited (detach=False)"
+        return None
+
+    def _start_trial(self) -> None:
+        from .. import launch
+
+        trial = self.study.ask()
+        self.asked += 1
+        params = sp.suggest(trial, self.space)
+        runs = []
+        for i in range(self.spec["seeds"]):
+            cfg = self.base.replace(**params, **({"seed": self.base.seed + i}
+                                                 if self.spec["seeds"] > 1 else {}))
+            name = f"{self.id}-t{trial.number}" + (f"-s{i}" if self.spec["seeds"] > 1 else "")
+            gpus = self.spec["gpus_per_trial"]
+            on_gpu = self.spec["device"] == "cuda"
+            run = launch(self.fn, cfg, name=name, detach=self.spec["detach"],  # a rank per device
+                         gpus=gpus if on_gpu else None, num_processes=gpus)
+            self.registry.update(run.id, sweep=self.id)
+            runs.append(run)
+        trial.set_user_attr("runs", [r.id for r in runs])
+        print(f"trial {trial.number}: {params} -> {[r.id for r in runs]}", flush=True)
+        self.active[trial.number] = TrialRuns(trial, runs, params)
+
+    def _follow(self, tr: TrialRuns) -> bool:
+        """Report what arrived; prune or finish the trial. True when it is over."""
+        import optuna
+
+        for step, value in self._new_points(tr):
+            tr.trial.report(value, step)
+            tr.reported = step
+            if tr.trial.should_prune():
+                self._prune(tr, step)
+                return True
+        if not all(r.done for r in tr.runs):
+            return False
+        statuses = [r.status for r in tr.runs]
+        lasts = [self._values(r.id) for r in tr.runs]
+        if all(s == "succeeded" for s in statuses) and all(lasts):
+            value = sum(v[-1][1] for v in lasts) / len(lasts)
+            self.study.tell(tr.trial, value)
+            print(f"trial {tr.trial.number}: {value}", flush=True)
+        else:
+            tr.trial.set_user_attr("error", f"runs ended {statuses}" if not all(
+                s == "succeeded" for s in statuses) else f"no {self.spec['metric']!r} reported")
+            self.study.tell(tr.trial, state=optuna.trial.TrialState.FAIL)
+        return True
+
+    def _values(self, run_id: str) -> list[tuple[int, float]]:
+        """(step, value) of the sweep's metric, rank 0, as the run's record holds them."""
+        return [(int(p["step"]), float(p["value"])) for p in
+                self.registry.metrics(run_id, name=self.spec["metric"], rank=0)
+                if p["step"] is not None]
+
+    def _new_points(self, tr: TrialRuns) -> list[tuple[int, float]]:
+        """The steps past the last reported that every seed has reached, with their mean; the
+        trial's best and last values kept in its user attributes for the trials table."""
+        per_run = [dict(self._values(r.id)) for r in tr.runs]
+        common = sorted(set.intersection(*(set(d) for d in per_run)))
+        points = [(s, sum(d[s] for d in per_run) / len(per_run)) for s in common]
+        new = [(s, v) for s, v in points if s > tr.reported]
+        if new:
+            values = [v for _, v in points]
+            tr.last = values[-1]
+            tr.best = max(values) if self.maximize else min(values)
+            tr.trial.set_user_attr("best", tr.best)
+            tr.trial.set_user_attr("last", tr.last)
+            tr.trial.set_user_attr("step", new[-1][0])
+        return new
+
+    def _prune(self, tr: TrialRuns, step: int) -> None:
+        import optuna
+
+        reason = f"pruned by sweep {self.id} at step {step} ({self.spec['pruner']})"
+        for run in tr.runs:
+            run.stop(grace=30.0, timeout=60.0, reason=reason)  # the loop checkpoints on SIGTERM
+            if run.status in ("stopped", "succeeded"):
+                self.registry.set_status(run.id, "pruned", reason=reason, overwrite=True)
+        self.study.tell(tr.trial, state=optuna.trial.TrialState.PRUNED)
+        print(f"trial {tr.trial.number}: pruned at step {step}", flush=True)
+
+    def _stop_all(self, why: str) -> None:
+        import optuna
+
+        for tr in self.active.values():
+            for run in tr.runs:
+                run.stop(grace=30.0, timeout=60.0, reason=why)
+            tr.trial.set_user_attr("error", why)
+            self.study.tell(tr.trial, state=optuna.trial.TrialState.FAIL)
+        self.active.clear()
+        print(f"sweep stopped: {why}", flush=True)
+
+
+def _alive(pid: int, started: float | None) -> bool:
+    import psutil
+
+    try:
+        p = psutil.Process(pid)
+        return p.status() != psutil.STATUS_ZOMBIE and (
+            started is None or abs(p.create_time() - started) < 1.0)
+    except psutil.Error:
+        return False
+
+
+def _warm() -> None:
+    """Import what a training kernel has imported: every trial's ranks are forked from here
+    (through its supervisor) and inherit it, instead of importing torch anew each time."""
+    import accelerate  # noqa: F401
+    import torch  # noqa: F401
+
+
+def main(argv: list[str]) -> int:
+    spec = json.loads(st.spec_path(argv[0]).read_text())
+    _warm()
+    driver = None
+    try:
+        driver = Driver(spec)
+        state = driver.run()
+    except BaseException as e:  # the sweep's state says it failed, and why (the log has the trace)
+        traceback.print_exc()
+        if driver is not None:
+            driver.study.set_user_attr("error", f"{type(e).__name__}: {e}")
+            driver.study.set_user_attr("state", "failed")
+        return 1
+    driver.study.set_user_attr("state", state)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

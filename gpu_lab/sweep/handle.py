@@ -1,0 +1,236 @@
+"""gpu_lab.sweep(): start a sweep's driver and return a Sweep handle at once; attach_sweep().
+
+A Sweep reads everything from the study (Optuna's storage) and the registry, so a handle made in
+another process (attach_sweep) sees what the one that started the sweep sees.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from . import space as sp
+from . import study as st
+
+
+@dataclass
+class Best:
+    """The best finished trial: its full config, its value (mean over seeds) and its runs."""
+
+    config: Any
+    value: float
+    run: str
+    runs: list
+    params: dict
+    trial: int
+
+
+def sweep(fn: Callable, base_cfg: Any, space: Mapping[str, Any], *, trials: int = 20,
+          parallel: int = 1, gpus_per_trial: int = 1, metric: str = "accuracy",
+          direction: str = "maximize", pruner: str | None = "asha", sampler: str = "tpe",
+          seeds: int = 1, detach: bool = False, storage: str | None = None,
+          name: str | None = None, sampler_seed: int | None = None) -> "Sweep":
+    """Search `space` (TrainConfig fields → a list of choices, gpu_lab.uniform or
+    gpu_lab.loguniform) around `base_cfg` with Optuna, `trials` trials, `parallel` at a time;
+    return a Sweep at once. `fn(config)` is the training function (importable: defined in a module,
+    such as gpu_lab.train_classifier); it reports `metric` with gpu_lab.report.
+
+    Each trial is `seeds` gpu_lab.launch runs (seeds base_cfg.seed, +1, …; its value is their mean)
+    of `gpus_per_trial` ranks, one per GPU (a CPU slot each on a host without GPUs; it sets the
+    run's num_processes), queued on the host like any
+    run. pruner: "asha" (successive halving), "median", "hyperband" or None; sampler: "tpe",
+    "random" or "grid". detach=True: the sweep outlives this kernel (gpu_lab.attach(sweep_id)
+    follows it). storage: an Optuna storage URL (default sqlite:///$GPU_LAB_HOME/sweeps.db).
+    Every argument is checked, and every value of the space by TrainConfig, before anything starts.
+    """
+    import optuna
+
+    from ..config import TrainConfig
+    from ..rank.address import parse_entry
+    from ..telemetry.probe import gpu_count
+
+    base = TrainConfig.from_dict(base_cfg) if isinstance(base_cfg, Mapping) else base_cfg
+    if not isinstance(base, TrainConfig):
+        raise TypeError(f"gpu_lab.sweep: base_cfg must be a TrainConfig or a dict; got "
+                        f"{type(base_cfg).__name__}")
+    entry = _entry(fn)
+    parse_entry(entry)
+    _check_counts(trials=trials, parallel=parallel, gpus_per_trial=gpus_per_trial, seeds=seeds)
+    st.check_choice("direction", direction, st.DIRECTIONS)
+    checked = sp.check(base, space, seeds=seeds)
+    grid_space = sp.grid(checked) if sampler == "grid" else None
+    chosen_sampler, chosen_pruner = st.sampler(sampler, grid_space, sampler_seed), st.pruner(pruner)
+    sweep_id = time.strftime("sweep-%Y%m%d-%H%M%S-") + secrets.token_hex(3)
+    storage = storage or st.default_storage()
+    optuna.create_study(study_name=sweep_id, storage=st.storage_of(storage), direction=direction,
+                        sampler=chosen_sampler, pruner=chosen_pruner)
+    spec = {"id": sweep_id, "name": name or sweep_id, "entry": entry, "base": base.to_dict(),
+            "space": sp.to_json(checked), "trials": int(trials), "parallel": int(parallel),
+            "gpus_per_trial": int(gpus_per_trial), "metric": metric, "direction": direction,
+            "pruner": pruner, "sampler": sampler, "sampler_seed": sampler_seed,
+            "seeds": int(seeds), "detach": bool(detach), "storage": storage,
+            "device": "cuda" if gpu_count() > 0 else "cpu", "kernel": _me()}
+    st.spec_path(sweep_id).write_text(json.dumps(spec, indent=1))
+    handle = Sweep(spec)
+    handle._proc = _start_driver(sweep_id)
+    handle.study.set_user_attr("driver_pid", handle._proc.pid)
+    return handle
+
+
+def _entry(fn: Callable) -> str:
+    mod, qual = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if not callable(fn) or not mod or mod == "__main__" or "<" in qual:
+        raise ValueError(f"gpu_lab.sweep: fn={fn!r} is not importable by the sweep's driver (a "
+                         "fresh interpreter): define it in a .py module on the path, or use "
+                         "gpu_lab.train_classifier")
+    return f"{mod}:{qual}"
+
+
+def _check_counts(**counts: int) -> None:
+    for what, n in counts.items():
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"gpu_lab.sweep: {what}={n!r}; accepted: a whole number ≥ 1")
+
+
+def _me() -> dict:
+    import psutil
+
+    return {"pid": os.getpid(), "started": psutil.Process().create_time()}
+
+
+def _start_driver(sweep_id: str) -> subprocess.Popen:
+    """A fresh interpreter in its own session (a Ctrl-C in the kernel is not the sweep's)."""
+    root = str(Path(__file__).resolve().parents[2])  # gpu_lab's parent: importable from a clone
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(
+        os.pathsep) if p])
+    with open(st.log_path(sweep_id), "ab") as log:
+        return subprocess.Popen([sys.executable, "-m", "gpu_lab.sweep.driver", sweep_id],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
+                                start_new_session=True)
+
+
+class Sweep:
+    """A sweep: `state`, `trials` (rows), `best`, `study` (Optuna's), `wait()`, `stop()`."""
+
+    def __init__(self, spec: dict) -> None:
+        self.spec = spec
+        self.id = spec["id"]
+        self.metric = spec["metric"]
+        self.direction = spec["direction"]
+        self._proc: subprocess.Popen | None = None
+        self._study = None
+
+    def __repr__(self) -> str:
+        return f"<Sweep {self.id} {self.state}: {len(self.study.trials)}/{self.spec['trials']} trials>"
+
+    @property
+    def study(self) -> Any:
+        """The Optuna study itself (optuna.load_study from the sweep's storage)."""
+        import optuna
+
+        if self._study is None:
+            self._study = optuna.load_study(study_name=self.id,
+                                            storage=st.storage_of(self.spec["storage"]))
+        return self._study
+
+    @property
+    def state(self) -> str:
+        """running | finished | failed | stopped, or lost when the driver died without saying."""
+        attrs = self.study.user_attrs
+        state = attrs.get("state", "running")
+        if state in st.FINAL_STATES:
+            return state
+        if self._proc is not None:
+            return "running" if self._proc.poll() is None else "lost"
+        from .driver import _alive
+
+        pid = attrs.get("driver_pid")  # set by whoever started the driver, before it runs
+        return "running" if pid is not None and _alive(int(pid), None) else "lost"
+
+    @property
+    def done(self) -> bool:
+        return self.state != "running"
+
+    def wait(self, timeout: float | None = None, poll: float = 0.5) -> str:
+        """Until the sweep ends (or `timeout` seconds); returns its state."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.done:
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            time.sleep(poll)
+        return self.state
+
+    def stop(self, timeout: float = 120.0) -> str:
+        """Stop the sweep: its running trials are stopped with a checkpoint, it asks for no more."""
+        st.stop_path(self.id).touch()
+        return self.wait(timeout)
+
+    def resume(self) -> "Sweep":
+        """Continue a sweep whose driver died (state lost) or that was stopped: a new driver
+        follows the trials left running and asks for the rest."""
+        state = self.state
+        if state in ("running", "finished"):
+            raise ValueError(f"sweep {self.id} is {state}: only a lost or stopped sweep resumes")
+        st.stop_path(self.id).unlink(missing_ok=True)
+        self.study.set_user_attr("state", "running")
+        self._proc = _start_driver(self.id)
+        self.study.set_user_attr("driver_pid", self._proc.pid)
+        return self
+
+    @property
+    def trials(self) -> list[dict]:
+        """One row per trial: number, status, params, value, best and last value, runs."""
+        from ..record.registry import Registry
+
+        reg = Registry()
+        rows = []
+        for t in self.study.trials:
+            runs = t.user_attrs.get("runs", [])
+            status = t.state.name.lower()
+            if status == "running" and runs:
+                live = [(reg.get_run(r) or {}).get("status") for r in runs]
+                status = "queued" if all(s in ("pending", "queued") for s in live) else status
+            rows.append({"trial": t.number, "status": status, "params": dict(t.params),
+                         "value": t.value, "best": t.user_attrs.get("best"),
+                         "last": t.user_attrs.get("last"), "step": t.user_attrs.get("step"),
+                         "runs": runs, "error": t.user_attrs.get("error")})
+        return rows
+
+    @property
+    def best(self) -> Best | None:
+        """The best finished trial (None before one has finished)."""
+        import optuna
+
+        done = [t for t in self.study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+        if not done:
+            return None
+        t = self.study.best_trial
+        from ..config import TrainConfig
+
+        config = TrainConfig.from_dict(self.spec["base"]).replace(**t.params)
+        runs = t.user_attrs.get("runs", [])
+        return Best(config=config, value=t.value, run=runs[0] if runs else None, runs=runs,
+                    params=dict(t.params), trial=t.number)
+
+def attach_sweep(sweep_id: str) -> Sweep:
+    """A handle on a sweep of this host, from any process (KeyError naming recent sweeps)."""
+    return Sweep(st.read_spec(sweep_id))
+
+
+def attach(id_or_name: str, registry: Any = None) -> Any:
+    """gpu_lab.attach: a Sweep for a sweep id, else a Run (gpu_lab.launch.attach)."""
+    if isinstance(id_or_name, str) and st.spec_path_exists(id_or_name):
+        return attach_sweep(id_or_name)
+    from ..launch import attach as attach_run
+
+    return attach_run(id_or_name, registry)
+
+
+__all__ = ["sweep", "Sweep", "Best", "attach_sweep", "attach"]

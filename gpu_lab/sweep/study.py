@@ -1,0 +1,107 @@
+"""Where a sweep lives and what Optuna objects it is made of.
+
+The study is Optuna's own, in Optuna's storage: by default `sqlite:///$GPU_LAB_HOME/sweeps.db`,
+beside the registry, so `optuna.load_study(study_name=sweep_id, storage=...)` and
+optuna-dashboard open it as they are; `storage=` takes any Optuna storage URL. The study's name is
+the sweep id. Its user attributes hold what gpu_lab adds: the sweep's settings ("gpu_lab"), the
+driver's pid and start time, and its state (running → finished | failed | stopped). A sweep also
+has a private folder, $GPU_LAB_HOME/sweeps/<id>/: the driver's spec, its log and a stop request (stop_requested).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+PRUNERS = ("asha", "median", "hyperband", None)
+SAMPLERS = ("tpe", "random", "grid")
+DIRECTIONS = ("maximize", "minimize")
+STATES = ("running", "finished", "failed", "stopped")  # the sweep's, in the study's user attrs
+FINAL_STATES = STATES[1:]
+
+
+def default_storage() -> str:
+    from ..record.registry import home
+
+    return f"sqlite:///{home() / 'sweeps.db'}"
+
+
+def storage_of(url: str) -> Any:
+    """Optuna's storage for `url`; SQLite waits for a writer instead of failing at once (the
+    driver writes while kernels read)."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    kw = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
+    return optuna.storages.RDBStorage(url, engine_kwargs=kw)
+
+
+def folder(sweep_id: str) -> Path:
+    """The sweep's own folder (owner-only, like a run's)."""
+    from ..access import private_dir
+    from ..record.registry import home
+
+    p = home() / "sweeps" / sweep_id
+    private_dir(p)
+    return p
+
+
+def spec_path(sweep_id: str) -> Path:
+    return folder(sweep_id) / "spec.json"
+
+
+def log_path(sweep_id: str) -> Path:
+    return folder(sweep_id) / "driver.log"
+
+
+def stop_path(sweep_id: str) -> Path:
+    return folder(sweep_id) / "stop_requested"
+
+
+def spec_path_exists(sweep_id: str) -> bool:
+    from ..record.registry import home
+
+    return "/" not in sweep_id and (home() / "sweeps" / sweep_id / "spec.json").is_file()
+
+
+def read_spec(sweep_id: str) -> dict:
+    p = spec_path(sweep_id)
+    if not p.is_file():
+        raise KeyError(f"no sweep with id {sweep_id!r} on this host ({p} is missing); "
+                       f"recent sweeps: {', '.join(recent()) or '(none)'}")
+    return json.loads(p.read_text())
+
+
+def recent(n: int = 5) -> list[str]:
+    from ..record.registry import home
+
+    d = home() / "sweeps"
+    names = sorted((p.name for p in d.iterdir() if p.is_dir()), reverse=True) if d.is_dir() else []
+    return names[:n]
+
+
+def check_choice(what: str, value: Any, accepted: tuple) -> None:
+    if value not in accepted:
+        raise ValueError(f"gpu_lab.sweep: {what}={value!r}; accepted: "
+                         f"{', '.join(repr(a) for a in accepted)}")
+
+
+def pruner(name: str | None) -> Any:
+    """Optuna's pruner at its own defaults (what its tutorials use): asha = successive halving."""
+    import optuna
+
+    check_choice("pruner", name, PRUNERS)
+    return {"asha": optuna.pruners.SuccessiveHalvingPruner, "median": optuna.pruners.MedianPruner,
+            "hyperband": optuna.pruners.HyperbandPruner,
+            None: optuna.pruners.NopPruner}[name]()
+
+
+def sampler(name: str, grid_space: dict | None, seed: int | None) -> Any:
+    import optuna
+
+    check_choice("sampler", name, SAMPLERS)
+    if name == "grid":
+        return optuna.samplers.GridSampler(grid_space, seed=seed)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    return optuna.samplers.TPESampler(seed=seed)
