@@ -49,6 +49,7 @@ class Driver:
         self.base = TrainConfig.from_dict(spec["base"])
         self.space = sp.from_json(spec["space"])
         self.registry = Registry()
+        self._read: dict[str, tuple[int, list]] = {}  # run id -> (last seq read, its points)
         self.study = optuna.load_study(study_name=self.id, storage=st.storage_of(spec["storage"]))
         self.maximize = spec["direction"] == "maximize"
         self.active: dict[int, TrialRuns] = {}
@@ -145,10 +146,18 @@ class Driver:
         return True
 
     def _values(self, run_id: str) -> list[tuple[int, float]]:
-        """(step, value) of the sweep's metric, rank 0, as the run's record holds them."""
-        return [(int(p["step"]), float(p["value"])) for p in
-                self.registry.metrics(run_id, name=self.spec["metric"], rank=0)
-                if p["step"] is not None]
+        """(step, value) of the sweep's metric, rank 0, as the run's record holds them. Each look
+        reads only the events past the last one read: a long trial costs what is new."""
+        seq, points = self._read.setdefault(run_id, (0, []))
+        name = self.spec["metric"]
+        for e in self.registry.events(run_id, after=seq, kinds=["metric"]):
+            seq = e["seq"]
+            v = e["data"].get(name) if isinstance(e["data"], dict) else None
+            if e["rank"] == 0 and type(e["step"]) is int and isinstance(v, (int, float)) \
+                    and not isinstance(v, bool):
+                points.append((e["step"], float(v)))
+        self._read[run_id] = (seq, points)
+        return points
 
     def _new_points(self, tr: TrialRuns) -> list[tuple[int, float]]:
         """The steps past the last reported that every seed has reached, with their mean; the
