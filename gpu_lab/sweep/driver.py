@@ -110,7 +110,7 @@ class Driver:
         for i in range(self.spec["seeds"]):
             cfg = self.base.replace(**params, **({"seed": self.base.seed + i}
                                                  if self.spec["seeds"] > 1 else {}))
-            name = f"{self.id}-t{trial.number}" + (f"-s{i}" if self.spec["seeds"] > 1 else "")
+            name = st.run_name(self.id, trial.number, i if self.spec["seeds"] > 1 else None)
             gpus = self.spec["gpus_per_trial"]
             on_gpu = self.spec["device"] == "cuda"
             run = launch(self.fn, cfg, name=name, detach=self.spec["detach"],  # a rank per device

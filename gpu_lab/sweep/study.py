@@ -10,6 +10,7 @@ has a private folder, $GPU_LAB_HOME/sweeps/<id>/: the driver's spec, its log and
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,18 @@ def recent(n: int = 5) -> list[str]:
     d = home() / "sweeps"
     names = sorted((p.name for p in d.iterdir() if p.is_dir()), reverse=True) if d.is_dir() else []
     return names[:n]
+
+
+def run_name(sweep_id: str, trial: int, seed: int | None = None) -> str:
+    """The name of a trial's run (`seed`: its index among the trial's seeds, when it has several);
+    the lab's side panel reads the trial back from it (trial_of)."""
+    return f"{sweep_id}-t{trial}" + ("" if seed is None else f"-s{seed}")
+
+
+def trial_of(sweep_id: str, name: str | None) -> tuple[int, int | None] | None:
+    """(trial, seed index or None) of a run named by run_name, else None."""
+    m = re.fullmatch(rf"{re.escape(sweep_id)}-t(\d+)(?:-s(\d+))?", name or "")
+    return (int(m[1]), None if m[2] is None else int(m[2])) if m else None
 
 
 def check_choice(what: str, value: Any, accepted: tuple) -> None:
