@@ -29,6 +29,8 @@ def facts() -> list[tuple[str, str, object]]:
          list(events.FINAL_STATUSES)),
         ("DEFAULT_POINTS", "points per series a run view or comparison opens with "
          "(gpu_lab.server.runview)", runview.DEFAULT_POINTS),
+        ("MAX_COMPARE", "the most runs one comparison shows (gpu_lab.server.runview)",
+         runview.MAX_COMPARE),
         ("MEAN", "the series key of the mean over ranks (gpu_lab.server.runview)", runview.MEAN),
         ("MAX_TELEMETRY_HISTORY", "the most telemetry samples the server keeps and sends "
          "(gpu_lab.server.hub)", hub.MAX_HISTORY),

@@ -50,6 +50,7 @@ def test_facts_hold_the_python_values():
     assert re.findall(r"'(\w+)'", text.split("FINAL_STATUSES = ")[1].split("\n")[0]) == \
         list(events.FINAL_STATUSES)
     assert f"DEFAULT_POINTS = {runview.DEFAULT_POINTS};" in text
+    assert f"MAX_COMPARE = {runview.MAX_COMPARE};" in text
     assert f"MEAN = '{runview.MEAN}';" in text
     assert f"MAX_TELEMETRY_HISTORY = {hub.MAX_HISTORY};" in text
 

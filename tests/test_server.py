@@ -449,6 +449,61 @@ def test_compare_names_runs_by_the_config_fields_that_differ(jp_fetch, run_loop,
     assert code == 404 and "nope" in msg
 
 
+def _sweep_rows(reg: Registry, sweep_id: str, trials: dict, seeds: int = 1) -> None:
+    """A sweep's spec as gpu_lab.sweep writes it, and its trials' runs as its driver names and
+    tags them: {trial: [(status, accuracy or None) per seed]}."""
+    from gpu_lab.sweep import study
+
+    study.spec_path(sweep_id).write_text(json.dumps(
+        {"id": sweep_id, "name": "lr search", "metric": "accuracy", "direction": "maximize",
+         "trials": 6, "seeds": seeds, "parallel": 2, "space": {"lr": [1e-3, 1e-2]}}))
+    for trial, runs in trials.items():
+        for seed, (status, acc) in enumerate(runs):
+            name = study.run_name(sweep_id, trial, seed if seeds > 1 else None)
+            rid = f"{name}-run"
+            reg.create_run(rid, name=name, status=status, num_processes=1, sweep=sweep_id)
+            if acc is not None:
+                reg.add_metrics([(rid, 0, 10, time.time(), "accuracy", acc)])
+
+
+def test_runs_list_groups_a_sweeps_trials_with_a_summary(jp_fetch, run_loop, sampler,
+                                                         gpu_lab_home):
+    reg = Registry()
+    reg.create_run("solo-1", name="solo", status="succeeded")
+    _sweep_rows(reg, "sweep-a", {0: [("succeeded", 0.5)], 1: [("pruned", 0.9)],
+                                 2: [("succeeded", 0.7)], 3: [("queued", None)]})
+    _sweep_rows(reg, "sweep-b", {0: [("succeeded", 0.2), ("succeeded", 0.4)],
+                                 1: [("succeeded", 0.5), ("running", 0.9)]}, seeds=2)
+    out = _get(run_loop, jp_fetch, "runs")
+    runs = {r["id"]: r for r in out["runs"]}
+    assert runs["solo-1"]["sweep"] is None and "trial" not in runs["solo-1"]
+    t1 = runs["sweep-a-t1-run"]
+    assert (t1["sweep"], t1["trial"], t1["trial_seed"], t1["status"], t1["sweep_value"]) == \
+        ("sweep-a", 1, None, "pruned", pytest.approx(0.9))
+    assert runs["sweep-b-t1-s1-run"]["trial_seed"] == 1
+    a = out["sweeps"]["sweep-a"]
+    # the pruned trial's 0.9 is not a result; the queued trial is not done
+    assert {k: a[k] for k in ("name", "metric", "direction", "trials", "started", "done",
+                              "active", "pruned", "best_run")} == \
+        {"name": "lr search", "metric": "accuracy", "direction": "maximize", "trials": 6,
+         "started": 4, "done": 3, "active": 1, "pruned": 1, "best_run": "sweep-a-t2-run"}
+    assert a["best"] == pytest.approx(0.7)
+    b = out["sweeps"]["sweep-b"]
+    # a trial of two seeds is done when both are, and valued by their mean
+    assert (b["started"], b["done"], b["active"], b["seeds"]) == (2, 1, 1, 2)
+    assert b["best"] == pytest.approx(0.3) and b["best_run"] == "sweep-b-t0-s0-run"
+
+    # a list that does not hold every run: each sweep shown is still summed up whole
+    few = _get(run_loop, jp_fetch, "runs", limit="2")
+    assert [r["id"] for r in few["runs"]] == ["sweep-b-t1-s1-run", "sweep-b-t1-s0-run"]
+    assert set(few["sweeps"]) == {"sweep-b"} and few["sweeps"]["sweep-b"] == b
+    # a sweep whose settings are not on this host: grouped, named by its id, no best
+    reg.create_run("stray-t0", name="stray-t0", status="succeeded", sweep="stray")
+    stray = _get(run_loop, jp_fetch, "runs")["sweeps"]["stray"]
+    assert (stray["name"], stray["done"], stray["metric"], stray["best"]) == \
+        ("stray", 1, None, None)
+
+
 def _run_messages(run_loop, ws, run_id, until, timeout=60.0):
     """Read 'run' messages of run_id until until(state) holds; state accumulates them."""
     state = {"seqs": [], "logs": {}, "rows": []}

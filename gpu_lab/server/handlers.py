@@ -29,7 +29,6 @@ AUTH_RESOURCE = "gpu_lab"
 _RUN_ID_CHARS = r"[A-Za-z0-9._-]{1,128}"
 _RUN_ID = rf"(?P<run_id>{_RUN_ID_CHARS})"
 _RUN_ID_RE = re.compile(_RUN_ID_CHARS)
-MAX_COMPARE = 8
 
 
 class _Base(APIHandler):
@@ -82,8 +81,7 @@ class RunsHandler(_Base):
     @authorized
     async def get(self) -> None:
         limit = self.int_arg("limit", 100, 1, 1000)
-        runs = await self.off_loop(self.state.list_runs, limit)
-        self.finish(json.dumps({"runs": runs}))
+        self.finish(json.dumps(await self.off_loop(self.state.runs_and_sweeps, limit)))
 
 
 class RunHandler(_Base):
@@ -177,9 +175,9 @@ class CompareHandler(_Base):
         raw = self.get_argument("runs", "")
         ids = [r for r in raw.split(",") if r]
         bad = [r for r in ids if not _RUN_ID_RE.fullmatch(r)]
-        if len(ids) < 2 or len(ids) > MAX_COMPARE or bad:
+        if len(ids) < 2 or len(ids) > runview.MAX_COMPARE or bad:
             raise web.HTTPError(400, f"query parameter runs: got {raw[:200]!r}; expected 2 to "
-                                     f"{MAX_COMPARE} run ids separated by commas")
+                                     f"{runview.MAX_COMPARE} run ids separated by commas")
         points = self.int_arg("points", runview.DEFAULT_POINTS, 4, runview.MAX_POINTS)
         try:
             out = await self.off_loop(self.state.compare, ids, points)

@@ -27,6 +27,7 @@ from .wire import json_safe, run_to_wire
 
 DEFAULT_POINTS = 1000
 MAX_POINTS = 5000
+MAX_COMPARE = 8          # runs in one comparison (the lab compares a sweep's best trials)
 EVENTS_LIMIT = 2000      # events per incremental answer (the rest follows in the next one)
 LOG_TAIL_BYTES = 16 * 1024
 LOG_CHUNK_BYTES = 64 * 1024

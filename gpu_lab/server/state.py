@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
-from . import runview
+from . import runview, sweeps
 from .feeds import RunFeeds
 from .hub import TelemetryHub
 from .settings import GpuLabServer
@@ -43,6 +43,7 @@ class ServerState:
         self.feeds = RunFeeds(lambda: self.registry, self.executor, self.log,
                               sampler=sampler_factory)
         self._registry: Any = None
+        self._sweep_specs: dict[str, dict] = {}  # a sweep's settings never change: read once
 
     # --- registry -------------------------------------------------------------------------------
     @property
@@ -61,8 +62,14 @@ class ServerState:
 
         return home() / "registry.db"
 
-    def list_runs(self, limit: int = 100) -> list[dict]:
-        return [run_to_wire(r) for r in self.registry.list_runs(limit=limit, with_last=True)]
+    def runs_and_sweeps(self, limit: int = 100) -> dict:
+        """The newest `limit` runs, those of a sweep tagged with their trial, and a summary of
+        each sweep among them (sweeps.py)."""
+        rows = self.registry.list_runs(limit=limit, with_last=True)
+        wire = [run_to_wire(r) for r in rows]
+        sweeps.tag_runs(wire, rows, self._sweep_specs)
+        return {"runs": wire, "sweeps": sweeps.summaries(self.registry, rows, len(rows) < limit,
+                                                         self._sweep_specs)}
 
     def get_run(self, run_id: str, points: int = runview.DEFAULT_POINTS) -> dict | None:
         """What the run view opens with (runview.detail): row, config, bounded series of every

@@ -13,7 +13,8 @@ from typing import Any
 # Registry columns the browser needs; config (possibly large) only goes out for one run at a time.
 RUN_FIELDS = ("id", "name", "status", "num_processes", "num_nodes", "host", "started", "ended",
               "notebook", "output_dir", "run_dir", "error", "reason", "resumed_from", "detach",
-              "kind", "last_step", "last_loss", "queue_position", "priority", "devices")
+              "kind", "last_step", "last_loss", "queue_position", "priority", "devices",
+              "sweep")
 
 
 def json_safe(value: Any) -> Any:
