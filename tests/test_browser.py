@@ -7,7 +7,9 @@ through Debian's Chromium (never a downloaded browser).
 3. the run appears in the side panel; its Stop button stops it (status "stopped" in the panel and
    in the registry, the supervisor's process tree gone), and JupyterLab's notification says so;
 4. (the run view test) the notifications of a stopped and a failed run, whose View action opens
-   the failed run's view.
+   the failed run's view;
+5. (the sweep test) a real sweep's trials grouped under it in the side panel, with their statuses,
+   its progress and best value, and its Compare.
 
 Screenshots go to test-artifacts/browser-*.png.
 """
@@ -514,6 +516,99 @@ def _run_view_scenario(page, lab) -> dict:  # noqa: C901 (one story, in order)
     return {"long_run": long_id, "short_run": short_id, "broken_run": broken_id,
             "checkpoints_made": new_ckpt, "loss_points": loss_points,
             "compare_loss_points": loss, "triage": triage}
+
+
+# --- a sweep: its trials grouped in the side panel, and compared -------------------------------
+def test_side_panel_groups_a_sweeps_trials_and_compares_them(tmp_path, gpu_lab_home, browser):
+    """A real sweep (its driver, Optuna, 12 trials of tiny_cnn, 2 at a time, ASHA at the settings
+    of tests/test_sweep.py, which prune) started beside the lab: the panel shows one group for it
+    whose trials carry the registry's statuses, pruned included, whose line counts them and names
+    the study's best value, and whose Compare shows its best trials (a comparison holds 8)."""
+    import gpu_lab
+    from gpu_lab.record.registry import Registry
+
+    root = tmp_path / "lab-root"
+    root.mkdir()
+    cfg = gpu_lab.TrainConfig(model="tiny_cnn", image_size=16, batch_size=16, max_steps=20,
+                              eval_every=5, num_workers=0, tensorboard=False, num_processes=1,
+                              output_dir=str(tmp_path / "out"))
+    space = {"lr": gpu_lab.loguniform(1e-4, 1e-1), "optimizer": ["adamw", "sgd"]}
+    with jupyter_lab(tmp_path, root, env={"GPU_LAB_QUICK": "1"}, name="browser-sweep") as lab:
+        sw = gpu_lab.sweep(gpu_lab.train_classifier, cfg, space, trials=12, parallel=2,
+                           name="lr and optimizer", sampler_seed=0)
+        try:
+            with _page(browser, {"width": 1500, "height": 1000}, "sweep-") as (page, console):
+                facts = _sweep_scenario(page, lab, sw, Registry(lab.gpu_lab_home / "registry.db"))
+        finally:
+            if not sw.done:
+                sw.stop()
+        (ARTIFACTS / "browser-sweep.json").write_text(json.dumps(facts, indent=1))
+        assert not [c for c in console if c.startswith("pageerror")], console
+
+
+def _sweep_scenario(page, lab, sw, reg) -> dict:
+    page.goto(f"{lab.url}lab?token={lab.token}")
+    page.wait_for_selector("#jp-main-dock-panel", state="visible", timeout=120_000)
+    _show_panel(page)
+    group = page.locator(f'#gpu-lab-panel .jp-GpuLab-sweep[data-sweep-id="{sw.id}"]')
+    group.wait_for(timeout=120_000)
+    # 1. while it runs: its trials appear in it, none outside it ---------------------------------
+    group.locator(".jp-GpuLab-run").first.wait_for(timeout=120_000)
+    assert group.locator(".jp-GpuLab-sweep-title").inner_text() == "lr and optimizer"
+    _shot(page, "sweep-1-running")
+    assert sw.wait(timeout=400) == "finished", sw.trials
+    tagged = [r for r in reg.list_runs() if r.get("sweep") == sw.id]
+    assert len(tagged) == 12
+    page.wait_for_function(
+        f"""() => document.querySelector('.jp-GpuLab-sweep[data-sweep-id="{sw.id}"]')
+                 ?.dataset.done === '12'""", timeout=60_000)
+    cards = {c.get_attribute("data-run-id"): c for c in group.locator(".jp-GpuLab-run").all()}
+    assert set(cards) == {r["id"] for r in tagged}
+    assert page.locator("#gpu-lab-panel .jp-GpuLab-runs-list > .jp-GpuLab-run").count() == 0
+    # 2. each trial named by its number, with its status as the registry has it (pruned too) ----
+    wait_until(lambda: all(cards[r["id"]].get_attribute("data-status") == r["status"]
+                           for r in tagged), 30, what="the panel to show the final statuses")
+    shown = {}
+    for r in tagged:
+        card = cards[r["id"]]
+        shown[r["id"]] = card.locator(".jp-GpuLab-run-status").inner_text()
+        assert shown[r["id"]] == r["status"], (r["id"], shown[r["id"]], r["status"])
+        assert re.fullmatch(r"trial \d+", card.locator(".jp-GpuLab-run-name").inner_text())
+        assert "accuracy" in card.locator(".jp-GpuLab-run-stats").inner_text()
+    # 3. its line: trials done of the total, pruned ones counted, the study's best --------------
+    pruned = sum(r["status"] == "pruned" for r in tagged)
+    assert pruned and list(shown.values()).count("pruned") == pruned, shown
+    line = group.locator(".jp-GpuLab-sweep-line").inner_text()
+    assert line.startswith(f"12/12 trials done · {pruned} pruned · best accuracy "), line
+    best = sw.best
+    assert float(group.get_attribute("data-best")) == pytest.approx(best.value), line
+    assert f"best accuracy {float(f'{best.value:.4g}'):g}" in line, (line, best.value)
+    _shot(page, "sweep-2-done")
+    # 4. the group collapses and opens again ----------------------------------------------------
+    group.locator("button.jp-GpuLab-sweep-toggle").click()
+    group.locator(".jp-GpuLab-sweep-trials").wait_for(state="hidden")
+    group.locator("button.jp-GpuLab-sweep-toggle").click()
+    group.locator(".jp-GpuLab-sweep-trials").wait_for(state="visible")
+    # 5. its Compare: the comparison of its best 8 trials, named by the parameters searched -----
+    compare = group.locator("button.jp-GpuLab-sweep-compare")
+    assert "best 8 of these 12 runs" in compare.get_attribute("title")
+    compare.click()
+    cmp = page.locator(".jp-GpuLab-compareview:visible")
+    cmp.locator('.jp-GpuLab-chart[data-metric="loss"] canvas').wait_for()
+    rows = {tr.get_attribute("data-run-id"): tr.inner_text()
+            for tr in cmp.locator("tr[data-run-id]").all()}
+    value = {r["id"]: r["summary"].get("accuracy", float("-inf")) for r in tagged}
+    assert len(rows) == 8 and set(rows) <= set(value), rows
+    assert min(value[i] for i in rows) >= max(v for i, v in value.items() if i not in rows)
+    assert all(r["status"] in rows[r["id"]] for r in tagged if r["id"] in rows), rows
+    differ = cmp.locator(".jp-GpuLab-cmp-differ").inner_text()
+    assert "lr" in differ, differ
+    assert page.locator(".lm-TabBar-tab.lm-mod-current", has_text="Compare lr and optimizer")\
+        .count() == 1
+    assert len(_series_points(cmp, "loss")) == 8
+    _shot(page, "sweep-3-compare")
+    return {"sweep": sw.id, "statuses": shown, "pruned": pruned, "line": line,
+            "best": best.value, "compare_differ": differ}
 
 
 # --- the browser's decimation is Python's ------------------------------------------------------

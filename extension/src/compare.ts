@@ -13,13 +13,14 @@ import { METRIC_TITLES, metricOrder } from './runview';
 const REFRESH_MS = 5000;
 
 export class CompareView extends Widget {
-  constructor(lab: GpuLabModel, runIds: string[]) {
+  /** `label`: the tab's title (a sweep's group names its sweep), "Compare N runs" by default. */
+  constructor(lab: GpuLabModel, runIds: string[], label?: string) {
     super();
     this._lab = lab;
     this.runIds = runIds;
     this.id = CompareView.idFor(runIds);
     this.addClass('jp-GpuLab-compareview');
-    this.title.label = `Compare ${runIds.length} runs`;
+    this.title.label = label || `Compare ${runIds.length} runs`;
     this.title.closable = true;
     this._header = document.createElement('div');
     this._header.className = 'jp-GpuLab-cmp-header';

@@ -102,7 +102,8 @@ const plugin: JupyterFrontEndPlugin<GpuLabModel> = {
     const panel = new GpuLabPanel(model, {
       stop,
       openDashboard: run => void commands.execute(CommandIDs.openRunDashboard, { runId: run.id }),
-      compare: runIds => void commands.execute(CommandIDs.compareRuns, { runIds }),
+      compare: (runIds, title) =>
+        void commands.execute(CommandIDs.compareRuns, { runIds, title: title ?? '' }),
       openTutorials: () => void commands.execute(CommandIDs.openTutorials)
     });
     panel.title.icon = gpuLabIcon;
@@ -180,7 +181,7 @@ const plugin: JupyterFrontEndPlugin<GpuLabModel> = {
           void open.content.refresh();
           return open;
         }
-        return addToMain(new CompareView(model, runIds), compares);
+        return addToMain(new CompareView(model, runIds, args.title as string), compares);
       }
     });
 
@@ -217,7 +218,7 @@ const plugin: JupyterFrontEndPlugin<GpuLabModel> = {
       });
       void restorer.restore(compares, {
         command: CommandIDs.compareRuns,
-        args: w => ({ runIds: w.content.runIds }),
+        args: w => ({ runIds: w.content.runIds, title: w.content.title.label }),
         name: w => w.content.runIds.join(',')
       });
     }

@@ -67,6 +67,31 @@ export interface IRun {
   queue_position?: number | null;
   priority?: number | null;
   devices?: { kind: string; devices: Array<{ index: number; uuid: string | null }> } | null;
+  /** The sweep that ran it (gpu_lab.sweep), its trial there (and seed index when a trial has
+   *  several), and the last value of the sweep's metric it reported. */
+  sweep?: string | null;
+  trial?: number | null;
+  trial_seed?: number | null;
+  sweep_value?: number | null;
+}
+
+/** A sweep among the listed runs, summed up from the registry (gpu_lab.server.sweeps). */
+export interface ISweep {
+  id: string;
+  name: string;
+  metric: string | null;
+  direction: 'maximize' | 'minimize' | null;
+  /** trials asked for (null: the sweep's settings are not on this host) */
+  trials: number | null;
+  seeds: number;
+  /** trials with runs, ended, still running or queued, and pruned */
+  started: number;
+  done: number;
+  active: number;
+  pruned: number;
+  /** the best finished trial's value (mean over its seeds) and its run */
+  best: number | null;
+  best_run: string | null;
 }
 
 /** A run's status in words: a queued run says its place ("queued · 2nd"). */
@@ -242,6 +267,11 @@ export class GpuLabModel {
     return this._runs;
   }
 
+  /** The sweeps among the runs, by id (as of the last runs poll). */
+  get sweeps(): Readonly<Record<string, ISweep>> {
+    return this._sweeps;
+  }
+
   get connected(): boolean {
     return this._connected;
   }
@@ -267,8 +297,11 @@ export class GpuLabModel {
     }
     this._runsInFlight = true;
     try {
-      const reply = await requestAPI<{ runs: IRun[] }>('api/runs');
+      const reply = await requestAPI<{ runs: IRun[]; sweeps?: Record<string, ISweep> }>(
+        'api/runs'
+      );
       this._runs = reply.runs;
+      this._sweeps = reply.sweeps ?? {};
       this._runsChanged.emit(this._runs);
     } catch (error) {
       console.warn('gpu_lab: could not list runs', error);
@@ -447,6 +480,7 @@ export class GpuLabModel {
   >();
   private _history: ISample[] = [];
   private _runs: IRun[] = [];
+  private _sweeps: Record<string, ISweep> = {};
   private _started = false;
   private _disposed = false;
   private _connected = false;

@@ -1,6 +1,8 @@
 /**
  * The "GPU Lab" side panel: live per-GPU charts, host stats and the runs list with View and Stop
- * buttons and checkboxes to compare runs.
+ * buttons and checkboxes to compare runs. The runs of a sweep sit in one collapsible group (its
+ * progress and best value in the title, a Compare of its best trials), placed where its newest
+ * run would be.
  * A view only: everything it shows comes from GpuLabModel's signals.
  */
 import { Message } from '@lumino/messaging';
@@ -8,6 +10,7 @@ import { Widget } from '@lumino/widgets';
 
 import { Sparkline } from './sparkline';
 import { el } from './dom';
+import { MAX_COMPARE } from './facts';
 import {
   formatMiB,
   formatPct,
@@ -16,14 +19,21 @@ import {
   IRun,
   ISample,
   isActive,
+  ISweep,
   statusText
 } from './model';
 
 export interface IPanelActions {
   stop(run: IRun): Promise<void>;
   openDashboard(run: IRun): void;
-  compare(runIds: string[]): void;
+  /** `title`: what the comparison's tab says (default: "Compare N runs") */
+  compare(runIds: string[], title?: string): void;
   openTutorials(): void;
+}
+
+/** A value of a sweep's metric, short. */
+function formatValue(v: number | null | undefined): string {
+  return v === null || v === undefined ? '–' : String(+v.toPrecision(4));
 }
 
 /** One labelled value with a sparkline of its recent history. */
@@ -107,7 +117,8 @@ class RunCard {
     this._step = el('span', 'jp-GpuLab-run-step');
     this._loss = el('span', 'jp-GpuLab-run-loss');
     this._procs = el('span', 'jp-GpuLab-run-procs');
-    stats.append('step ', this._step, ' · loss ', this._loss, this._procs);
+    this._value = el('span', 'jp-GpuLab-run-value');
+    stats.append('step ', this._step, ' · loss ', this._loss, this._value, this._procs);
     const buttons = el('div', 'jp-GpuLab-run-actions');
     const dash = el('button', 'jp-GpuLab-button jp-GpuLab-open-dashboard', 'View');
     dash.title = 'Open this run\'s view: live metrics per rank, GPU and host, logs, controls';
@@ -131,10 +142,14 @@ class RunCard {
   readonly node: HTMLDivElement;
   readonly select: HTMLInputElement;
 
-  update(run: IRun): void {
+  /** `sweep`: the sweep whose group shows the card, which names it by its trial. */
+  update(run: IRun, sweep?: ISweep): void {
     this._run = run;
     this.node.dataset.status = run.status;
-    this._name.textContent = run.name || run.id;
+    const seed = run.trial_seed === null || run.trial_seed === undefined
+      ? '' : ` · seed ${run.trial_seed}`;
+    this._name.textContent = sweep && run.trial !== null && run.trial !== undefined
+      ? `trial ${run.trial}${seed}` : run.name || run.id;
     this._name.title = `${run.id}${run.num_processes ? ` · ${run.num_processes} processes` : ''}` +
       `${run.error ? `\n${run.error}` : ''}`;
     this._status.textContent = statusText(run);
@@ -142,6 +157,8 @@ class RunCard {
     this._step.textContent = run.last_step === null ? '–' : String(run.last_step);
     this._loss.textContent = run.last_loss === null ? '–' : run.last_loss.toPrecision(4);
     this._procs.textContent = run.num_processes ? ` · ${run.num_processes} proc` : '';
+    this._value.textContent = sweep?.metric
+      ? ` · ${sweep.metric} ${formatValue(run.sweep_value)}` : '';
     this._stop.style.display = isActive(run.status) ? '' : 'none';
   }
 
@@ -151,7 +168,93 @@ class RunCard {
   private _step: HTMLSpanElement;
   private _loss: HTMLSpanElement;
   private _procs: HTMLSpanElement;
+  private _value: HTMLSpanElement;
   private _stop: HTMLButtonElement;
+}
+
+/** A sweep's runs under one collapsible title: the sweep's name, trials done of the total
+ *  (pruned ones counted), the best value; Compare opens the comparison of its best trials. */
+class SweepGroup {
+  constructor(sweepId: string, actions: IPanelActions) {
+    this._id = sweepId;
+    this.node = el('div', 'jp-GpuLab-sweep');
+    this.node.dataset.sweepId = sweepId;
+    const head = el('div', 'jp-GpuLab-sweep-head');
+    this._toggle = el('button', 'jp-GpuLab-sweep-toggle');
+    this._toggle.onclick = () => this.setExpanded(!this._expanded);
+    this._title = el('span', 'jp-GpuLab-sweep-title');
+    this._compare = el('button', 'jp-GpuLab-button jp-GpuLab-sweep-compare', 'Compare');
+    this._compare.onclick = () =>
+      actions.compare(this._compareIds, `Compare ${this._sweep?.name ?? this._id}`);
+    head.append(this._toggle, this._title, this._compare);
+    this._line = el('div', 'jp-GpuLab-sweep-line');
+    this.trials = el('div', 'jp-GpuLab-sweep-trials');
+    this.node.append(head, this._line, this.trials);
+    this.setExpanded(true);
+  }
+
+  readonly node: HTMLDivElement;
+  /** the trials' run cards go here */
+  readonly trials: HTMLDivElement;
+
+  setExpanded(expanded: boolean): void {
+    this._expanded = expanded;
+    this.node.dataset.expanded = String(expanded);
+    this.trials.style.display = expanded ? '' : 'none';
+    this._toggle.textContent = expanded ? '▾' : '▸';
+    this._toggle.title = expanded ? 'Hide the trials' : 'Show the trials';
+    this._toggle.setAttribute('aria-expanded', String(expanded));
+  }
+
+  /** `runs`: the sweep's runs in the list, newest first. */
+  update(sweep: ISweep | undefined, runs: IRun[]): void {
+    this._sweep = sweep;
+    const s: ISweep = sweep ?? {
+      id: this._id, name: this._id, metric: null, direction: null, trials: null, seeds: 1,
+      started: runs.length, done: runs.filter(r => !isActive(r.status)).length,
+      active: runs.filter(r => isActive(r.status)).length, pruned: 0, best: null, best_run: null
+    };
+    this._title.textContent = s.name;
+    this._title.title = `sweep ${s.id}`;
+    const parts = [`${s.done}/${s.trials ?? s.started} trials done`];
+    if (s.active) {
+      parts.push(`${s.active} running`);
+    }
+    if (s.pruned) {
+      parts.push(`${s.pruned} pruned`);
+    }
+    if (s.metric) {
+      parts.push(`best ${s.metric} ${formatValue(s.best)}`);
+    }
+    this._line.textContent = parts.join(' · ');
+    this.node.dataset.done = String(s.done);
+    this.node.dataset.best = s.best === null ? '' : String(s.best);
+    this._compareIds = bestFirst(runs, s).slice(0, MAX_COMPARE).map(r => r.id);
+    this._compare.disabled = this._compareIds.length < 2;
+    this._compare.title = runs.length > MAX_COMPARE
+      ? `Compare the curves of the best ${MAX_COMPARE} of these ${runs.length} runs`
+      : 'Compare the curves of these runs, named by the parameters in which they differ';
+  }
+
+  private _id: string;
+  private _sweep: ISweep | undefined;
+  private _expanded = true;
+  private _toggle: HTMLButtonElement;
+  private _title: HTMLSpanElement;
+  private _line: HTMLDivElement;
+  private _compare: HTMLButtonElement;
+  private _compareIds: string[] = [];
+}
+
+/** A sweep's runs, best value of its metric first (those without one last, newest first). */
+function bestFirst(runs: IRun[], sweep: ISweep): IRun[] {
+  const sign = sweep.direction === 'minimize' ? 1 : -1;
+  const key = (r: IRun) =>
+    r.sweep_value === null || r.sweep_value === undefined ? Infinity : sign * r.sweep_value;
+  return runs
+    .map((r, i) => ({ r, i }))
+    .sort((a, b) => key(a.r) - key(b.r) || a.i - b.i)
+    .map(x => x.r);
 }
 
 export class GpuLabPanel extends Widget {
@@ -280,8 +383,8 @@ export class GpuLabPanel extends Widget {
     }
   }
 
-  /** Update the runs list in place: a card per run id, reused across polls, so that a button
-   *  under the pointer is never replaced while the user clicks it. */
+  /** Update the runs list in place: a card per run id and a group per sweep, reused across
+   *  polls, so that a button under the pointer is never replaced while the user clicks it. */
   private _onRuns(_: GpuLabModel, runs: IRun[]): void {
     this._runsEmpty.style.display = runs.length ? 'none' : '';
     const wanted = new Set(runs.map(r => r.id));
@@ -291,19 +394,44 @@ export class GpuLabPanel extends Widget {
         this._runCards.delete(id);
       }
     }
-    this._onSelect();
-    runs.forEach((run, i) => {
+    const sweeps = this._model.sweeps;
+    const top: HTMLElement[] = [];
+    const grouped = new Map<string, IRun[]>();
+    for (const run of runs) {
       let card = this._runCards.get(run.id);
       if (!card) {
         card = new RunCard(run, this._actions, () => this._onSelect());
         this._runCards.set(run.id, card);
       }
-      card.update(run);
-      // move a card only when the order changed (moving detaches the node)
-      if (this._runsList.children[i] !== card.node) {
-        this._runsList.insertBefore(card.node, this._runsList.children[i] ?? null);
+      const sweepId = run.sweep;
+      card.update(run, sweepId ? sweeps[sweepId] : undefined);
+      if (!sweepId) {
+        top.push(card.node);
+        continue;
       }
-    });
+      let group = this._groups.get(sweepId);
+      if (!group) {
+        group = new SweepGroup(sweepId, this._actions);
+        this._groups.set(sweepId, group);
+      }
+      if (!grouped.has(sweepId)) {
+        grouped.set(sweepId, []);
+        top.push(group.node);
+      }
+      grouped.get(sweepId)!.push(run);
+    }
+    for (const [id, group] of this._groups) {
+      const mine = grouped.get(id);
+      if (!mine) {
+        group.node.remove();
+        this._groups.delete(id);
+        continue;
+      }
+      group.update(sweeps[id], mine);
+      placeChildren(group.trials, mine.map(r => this._runCards.get(r.id)!.node));
+    }
+    placeChildren(this._runsList, top);
+    this._onSelect();
   }
 
   private _selected(): string[] {
@@ -329,5 +457,19 @@ export class GpuLabPanel extends Widget {
   private _samples = 0;
   private _runsList: HTMLDivElement;
   private _runCards = new Map<string, RunCard>();
+  private _groups = new Map<string, SweepGroup>();
   private _runsEmpty: HTMLDivElement;
+}
+
+/** Make `nodes` the children of `parent`, in order, moving a node only when it is out of place
+ *  (moving detaches it). */
+function placeChildren(parent: HTMLElement, nodes: HTMLElement[]): void {
+  nodes.forEach((node, i) => {
+    if (parent.children[i] !== node) {
+      parent.insertBefore(node, parent.children[i] ?? null);
+    }
+  });
+  while (parent.children.length > nodes.length) {
+    parent.lastElementChild!.remove();
+  }
 }
