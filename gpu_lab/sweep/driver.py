@@ -50,7 +50,11 @@ class Driver:
         self.space = sp.from_json(spec["space"])
         self.registry = Registry()
         self._read: dict[str, tuple[int, list]] = {}  # run id -> (last seq read, its points)
-        self.study = optuna.load_study(study_name=self.id, storage=st.storage_of(spec["storage"]))
+        self.study = optuna.load_study(  # the sampler and pruner are not in the storage
+            study_name=self.id, storage=st.storage_of(spec["storage"]),
+            sampler=st.sampler(spec["sampler"], sp.grid(self.space) if spec["sampler"] == "grid"
+                               else None, spec.get("sampler_seed")),
+            pruner=st.pruner(spec["pruner"]))
         self.maximize = spec["direction"] == "maximize"
         self.active: dict[int, TrialRuns] = {}
         self.asked = len(self.study.trials)

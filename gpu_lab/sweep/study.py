@@ -114,7 +114,20 @@ def sampler(name: str, grid_space: dict | None, seed: int | None) -> Any:
 
     check_choice("sampler", name, SAMPLERS)
     if name == "grid":
-        return optuna.samplers.GridSampler(grid_space, seed=seed)
+        return _ask_tell_grid()(grid_space, seed=seed)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     return optuna.samplers.TPESampler(seed=seed)
+
+
+def _ask_tell_grid() -> type:
+    import optuna
+
+    class AskTellGrid(optuna.samplers.GridSampler):
+        """Optuna's grid sampler for ask-and-tell: once the grid is covered, its after_trial calls
+        study.stop(), which raises outside study.optimize(). The driver asks `trials` trials."""
+
+        def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:
+            pass
+
+    return AskTellGrid
