@@ -2,6 +2,8 @@
 of this from a real Jupyter kernel)."""
 from __future__ import annotations
 
+import json
+
 import socket
 import subprocess
 import sys
@@ -69,6 +71,21 @@ def test_stop_ends_the_whole_tree_and_frees_the_port():
     wait_until(lambda: not alive(procs), 10, what="every process of the run to end")
     assert not port_in_use(run.port)
     assert Registry().get_run(run.id)["status"] == "stopped"
+
+
+def test_a_stop_may_end_the_run_as_pruned_and_no_reader_sees_stopped():
+    """A sweep prunes with stop(status="pruned"): the end is recorded as pruned at once, so notices
+    and readers never see an intermediate `stopped`; any other status is refused by name."""
+    run = gpu_lab.launch(launch_fns.train_forever, num_processes=1)
+    assert run.wait_for_step(2, timeout=60), run.status
+    with pytest.raises(ValueError, match=r"status='paused'; accepted: 'stopped', 'pruned'"):
+        run.stop(status="paused")
+    assert run.status == "running"
+    assert run.stop(reason="pruned by a test", status="pruned") == "pruned"
+    row = Registry().get_run(run.id)
+    assert row["status"] == "pruned" and row["reason"] == "pruned by a test", row
+    seen = [e["data"] for e in Registry().events(run.id, kinds=["status"])]
+    assert "stopped" not in json.dumps(seen), seen
 
 
 def test_wait_for_step_wakes_on_reports_and_says_when_the_run_ended_first():

@@ -85,6 +85,8 @@ def test_twelve_trials_two_at_a_time_with_asha(host):
     for r in pruned:
         assert find_checkpoint(r["output_dir"]).step > 0, r
         assert "pruned by sweep" in r["reason"]
+        ends = [e["data"] for e in reg.events(r["id"], kinds=["status"])]
+        assert "stopped" not in json.dumps(ends), ends  # recorded as pruned: notices say so
     best = sw.best
     assert best.value == max(t.value for t in study.trials if t.value is not None)
     assert best.config.lr == best.params["lr"] and best.config.optimizer == best.params["optimizer"]

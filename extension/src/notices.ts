@@ -17,6 +17,7 @@ const ENDS: Partial<Record<RunStatus, Notification.TypeOptions>> = {
   succeeded: 'success',
   failed: 'error',
   stopped: 'info',
+  pruned: 'info',
   lost: 'warning'
 };
 const AUTO_CLOSE_MS = 10000;
@@ -53,7 +54,7 @@ export class RunEndNotices {
     const name = run.name || run.id;
     const took =
       run.started && run.ended ? ` after ${formatDuration(run.ended - run.started)}` : '';
-    let detail = run.status === 'stopped' || run.status === 'lost' ? run.reason ?? '' : '';
+    let detail = run.status === 'stopped' || run.status === 'pruned' || run.status === 'lost' ? run.reason ?? '' : '';
     if (run.status === 'failed') {
       detail = await this._headline(run);
     }

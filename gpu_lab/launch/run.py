@@ -332,14 +332,15 @@ class Run:
         return self.stop(grace=1.0, timeout=timeout, reason="withdrawn from the queue by the user")
 
     def stop(self, grace: float = 5.0, timeout: float = 15.0,
-             reason: str = "stopped by the user") -> str:
+             reason: str = "stopped by the user", status: str = "stopped") -> str:
         """Stop the run: SIGTERM to its process group (the training loop checkpoints and exits),
-        then SIGKILL to whatever is left after `grace` seconds. Returns the final status."""
+        then SIGKILL to whatever is left after `grace` seconds. Returns the final status
+        (`status`: "stopped", or "pruned" when a sweep stops it)."""
         if self.done:
             return self._status
         if self.pid is not None:
             terminate_tree(self.pid, self.run_dir, grace=grace, pid_started=self.pid_started,
-                           reason=reason)
+                           reason=reason, status=status)
         self._done.wait(timeout)
         return self._status
 

@@ -41,7 +41,8 @@ ENV = "GPU_LAB_NOTIFY"
 FILE_NAME = "notify.txt"  # in GPU_LAB_HOME
 SEND_TIMEOUT_S = 30.0
 # apprise's notification types, by how a run ended
-KINDS = {"succeeded": "success", "failed": "failure", "stopped": "info", "lost": "warning"}
+KINDS = {"succeeded": "success", "failed": "failure", "stopped": "info", "pruned": "info",
+         "lost": "warning"}
 EXAMPLES = ("json://host:port/path (a webhook), mailto://user:password@example.com, "
             "ntfy://topic, slack://TokenA/TokenB/TokenC, tgram://bottoken/chat_id")
 

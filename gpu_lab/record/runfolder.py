@@ -35,6 +35,8 @@ RESULT = "result.pkl"
 NOTIFY = "notify.json"  # a launched run's notice URLs, until its end notice is sent
 CONTROL, ERRORS, RANKS, LOGS, ELASTIC = "control", "errors", "ranks", "logs", "elastic"
 CONTROLS = ("checkpoint", "stop")  # what the kernel, the server and the parent watch may ask for
+STOP_STATUSES = ("stopped", "pruned")  # the final status a stop may ask for (a sweep prunes)
+STOP_STATUS = "stop_status"  # in control/: written before the stop request it qualifies
 SUPERVISOR_LOG = "supervisor.log"
 LOG_NAME = re.compile(r"^(rank\d{1,5}|supervisor)\.log$")
 LOG_NAMES_ACCEPTED = f"rank<N>.log or {SUPERVISOR_LOG}"
@@ -168,6 +170,16 @@ class RunFolder:
         reason. The one way every caller asks (Run, stop_run, the server, the parent watch)."""
         return self._write(self.control_file(name), (text or str(time.time())).encode())
 
+    def request_stop(self, reason: str, status: str = "stopped") -> Path:
+        """Ask for a stop whose end is recorded as `status` (one of STOP_STATUSES): the status is
+        written first, so whoever sees the stop request also sees what it ends as."""
+        if status not in STOP_STATUSES:
+            raise ValueError(f"stop: status={status!r}; accepted: "
+                             f"{', '.join(map(repr, STOP_STATUSES))}")
+        if status != "stopped":
+            self._write(self.control_dir / STOP_STATUS, status.encode())
+        return self.request("stop", reason)
+
     def write_pid(self, rank: int, pid: int) -> Path:
         return self._write(self.pid_file(rank), str(pid).encode())
 
@@ -204,6 +216,14 @@ class RunFolder:
             except FileNotFoundError:
                 pass
         return True
+
+    def stop_status(self) -> str:
+        """The final status the stop request asked for: "stopped" unless it said otherwise."""
+        try:
+            text = (self.control_dir / STOP_STATUS).read_text().strip()
+        except OSError:
+            return "stopped"
+        return text if text in STOP_STATUSES else "stopped"
 
     def stop_reason(self) -> str | None:
         """None when no stop was requested; else its reason ("" when it gives none)."""

@@ -17,7 +17,8 @@ from ..record.runfolder import RunFolder
 
 
 def terminate_tree(pid: int, run_dir: Path | None, grace: float = 5.0,
-                   pid_started: float | None = None, reason: str = "stopped") -> None:
+                   pid_started: float | None = None, reason: str = "stopped",
+                   status: str = "stopped") -> None:
     """End a supervisor's whole process tree: graceful (SIGTERM), then forceful (SIGKILL).
 
     The tree is snapshotted first, because once the supervisor dies its workers are re-parented
@@ -26,7 +27,7 @@ def terminate_tree(pid: int, run_dir: Path | None, grace: float = 5.0,
     import psutil
 
     if run_dir is not None:
-        RunFolder(run_dir).request("stop", reason)
+        RunFolder(run_dir).request_stop(reason, status)  # status: what the end is recorded as
     try:
         sup = psutil.Process(pid)
         if pid_started is not None and abs(sup.create_time() - pid_started) > 1.0:

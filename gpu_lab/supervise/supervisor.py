@@ -212,9 +212,10 @@ def decide_end(folder: RunFolder, error: BaseException | None, in_launch: bool) 
     returned; in_launch=False: the supervisor itself broke, or was stopped outside the launch) and
     from the run folder (a stop request, ranks that checkpointed and exited 143, errors)."""
     stop = folder.stop_reason()  # None: no stop was requested
+    asked = folder.stop_status() if stop is not None else "stopped"  # a sweep's stop: pruned
     if error is None:
         if stop is not None:  # the loop saw the request first, saved, and returned early
-            return End("stopped", STOP_EXIT_CODE, stop or "stopped by the user")
+            return End(asked, STOP_EXIT_CODE, stop or "stopped by the user")
         return End("succeeded", EXIT_OK)
     trace = "".join(traceback.format_exception(type(error), error, error.__traceback__))
     if not in_launch:
@@ -228,7 +229,7 @@ def decide_end(folder: RunFolder, error: BaseException | None, in_launch: bool) 
         return End("failed", EXIT_FAILED, None, trace[-4000:])
     name = type(error).__name__
     if stop is not None or _is_signal(error):
-        return End("stopped", STOP_EXIT_CODE, stop or f"stopped by a signal ({name})",
+        return End(asked, STOP_EXIT_CODE, stop or f"stopped by a signal ({name})",
                    f"stopped ({name})")
     preempted = folder.preempted_ranks()
     if preempted and not folder.has_errors():

@@ -184,8 +184,9 @@ class Driver:
 
         reason = f"pruned by sweep {self.id} at step {step} ({self.spec['pruner']})"
         for run in tr.runs:
-            run.stop(grace=30.0, timeout=60.0, reason=reason)  # the loop checkpoints on SIGTERM
-            if run.status in ("stopped", "succeeded"):
+            # the loop checkpoints on SIGTERM; its end is recorded as pruned
+            run.stop(grace=30.0, timeout=60.0, reason=reason, status="pruned")
+            if run.status in ("stopped", "succeeded"):  # it ended before the request was seen
                 self.registry.set_status(run.id, "pruned", reason=reason, overwrite=True)
         self.study.tell(tr.trial, state=optuna.trial.TrialState.PRUNED)
         print(f"trial {tr.trial.number}: pruned at step {step}", flush=True)
