@@ -118,3 +118,10 @@ def returns_unpicklable():
     """Rank 0 returns what pickle refuses (a lambda)."""
     gpu_lab.report(0, loss=1.0)
     return lambda: "not on disk"
+
+
+def collects_garbage():
+    """gc.collect() in the run: what it may finalize of the kernel's objects."""
+    import gc
+
+    return gc.collect()

@@ -3,7 +3,7 @@ of this from a real Jupyter kernel)."""
 from __future__ import annotations
 
 import json
-
+import os
 import socket
 import subprocess
 import sys
@@ -261,3 +261,29 @@ def test_cpu_launch_works_after_torch_asked_for_cuda_in_the_kernel():
              "sys.exit(0 if status == 'succeeded' else 1)\n")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_run_never_finalizes_the_kernels_garbage(tmp_path):
+    """A kernel's garbage may hold SQLite connections; finalizing one in a fork of it takes
+    SQLite's allocator lock, which another kernel thread may have held at the fork, and the run
+    hung for good. The run collects only its own objects; the kernel's stay the kernel's."""
+    import gc
+
+    marks = tmp_path / "finalized"
+
+    class Cycle:
+        def __del__(self):
+            with open(marks, "a") as f:
+                f.write(f"{os.getpid()}\n")
+
+    gc.disable()  # the garbage is still there at the fork
+    try:
+        a, b = Cycle(), Cycle()
+        a.other, b.other = b, a
+        del a, b
+        run = gpu_lab.launch(launch_fns.collects_garbage, num_processes=1)
+    finally:
+        gc.enable()
+    assert run.wait(120) == "succeeded", run.logs(None)
+    gc.collect()
+    assert marks.read_text().split() == [str(os.getpid())] * 2

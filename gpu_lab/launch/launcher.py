@@ -1,6 +1,7 @@
 """gpu_lab.launch(): run a training function on N ranks without blocking the kernel."""
 from __future__ import annotations
 
+import gc
 import os
 import secrets
 import sys
@@ -159,7 +160,7 @@ def _start_supervisor(run: Run, spec: Spec, registry: Registry) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     heard, spec.joined_fd = os.pipe()
-    pid = os.fork()
+    pid = _fork()
     if pid == 0:  # the supervisor
         os.close(heard)
         supervise(spec)  # never returns
@@ -181,6 +182,22 @@ def _start_supervisor(run: Run, spec: Spec, registry: Registry) -> None:
     threading.Thread(target=_wait_supervisor, args=(run, pid), daemon=True,
                      name=f"gpu_lab-wait-{spec.run_id}").start()
     _wait_joined(heard, run)
+
+
+def _fork() -> int:
+    """os.fork(), the child never collecting the kernel's objects: the kernel's garbage may hold
+    SQLite connections, and finalizing one takes SQLite's allocator lock, which another kernel
+    thread may have held at the fork (the child then hangs for good). Its own objects it collects."""
+    collecting = gc.isenabled()
+    gc.disable()  # no collection between the fork and the child's freeze
+    try:
+        pid = os.fork()
+        if pid == 0:
+            gc.freeze()
+    finally:
+        if collecting:
+            gc.enable()
+    return pid
 
 
 def _check_devices(spec: Spec) -> None:
