@@ -60,6 +60,32 @@ def test_a_bad_space_is_refused_before_any_trial(host):
     assert not (host / "home" / "sweeps").exists() or not any((host / "home" / "sweeps").iterdir())
 
 
+def test_a_process_opens_each_storage_once(host):
+    """A kernel's sweep() and its Sweep handles share one storage: its engine and schema check
+    cost about a second the first time."""
+    from gpu_lab.sweep import study as st
+
+    url = st.default_storage()
+    assert st.storage_of(url) is st.storage_of(url)
+
+
+def test_the_driver_is_woken_by_a_trial_run_ending():
+    """The driver's loop waits on an event that each trial's run sets when it ends, so the next
+    trial starts then rather than at the next read of the records."""
+    import threading
+    import types
+
+    from gpu_lab.sweep.driver import Driver
+
+    end = threading.Event()
+    run = types.SimpleNamespace(id="r", wait=lambda timeout=None: end.wait(timeout))
+    driver = types.SimpleNamespace(_wake=threading.Event())
+    Driver._watch(driver, run)
+    assert not driver._wake.is_set()
+    end.set()
+    assert driver._wake.wait(60)
+
+
 @pytest.mark.timeout(900)
 def test_twelve_trials_two_at_a_time_with_asha(host):
     t0 = time.monotonic()

@@ -15,14 +15,14 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
+import threading
 import traceback
 from typing import Any
 
 from . import space as sp
 from . import study as st
 
-POLL = 0.5  # seconds between reads of the trials' records
+POLL = 0.5  # seconds between reads of the trials' records (a run's end wakes the loop at once)
 
 
 class TrialRuns:
@@ -57,6 +57,7 @@ class Driver:
             pruner=st.pruner(spec["pruner"]))
         self.maximize = spec["direction"] == "maximize"
         self.active: dict[int, TrialRuns] = {}
+        self._wake = threading.Event()  # set when a trial's run ends
         self.asked = len(self.study.trials)
         self._adopt()
 
@@ -75,15 +76,24 @@ class Driver:
                 continue
             tr = TrialRuns(optuna.trial.Trial(self.study, t._trial_id), [attach(i) for i in ids],
                            dict(t.params))
+            for run in tr.runs:
+                self._watch(run)
             tr.reported = max(t.intermediate_values, default=-1)
             self.active[t.number] = tr
             print(f"trial {t.number}: adopted {ids}", flush=True)
+
+    def _watch(self, run: Any) -> None:
+        """Wake the loop when `run` ends, so that the next trial starts then, not at the next
+        poll (this process launched the run and reaps it: Run.wait returns at its end)."""
+        threading.Thread(target=lambda: (run.wait(), self._wake.set()), daemon=True,
+                         name=f"gpu_lab-sweep-watch-{run.id}").start()
 
     # --- the loop ----------------------------------------------------------------------------------
     def run(self) -> str:
         self.study.set_user_attr("driver_pid", os.getpid())
         self.study.set_user_attr("state", "running")
         while self.asked < self.spec["trials"] or self.active:
+            self._wake.clear()  # before the look: a run that ends after it sets it again
             why = self._why_stop()
             if why:
                 self._stop_all(why)
@@ -93,7 +103,7 @@ class Driver:
             for number, tr in list(self.active.items()):
                 if self._follow(tr):
                     del self.active[number]
-            time.sleep(POLL)
+            self._wake.wait(POLL)
         return "finished"
 
     def _why_stop(self) -> str | None:
@@ -120,6 +130,7 @@ class Driver:
             run = launch(self.fn, cfg, name=name, detach=self.spec["detach"],  # a rank per device
                          gpus=gpus if on_gpu else None, num_processes=gpus)
             self.registry.update(run.id, sweep=self.id)
+            self._watch(run)
             runs.append(run)
         trial.set_user_attr("runs", [r.id for r in runs])
         print(f"trial {trial.number}: {params} -> {[r.id for r in runs]}", flush=True)
@@ -238,5 +249,18 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def _exit(code: int) -> None:
+    """Leave without the interpreter's teardown: with torch loaded it takes over a second, and the
+    kernel's Sweep.wait() returns at this exit. Nothing needs it: the sweep's state is in the
+    study, each run's record is its recorder's, and a run not detached watches this process, not
+    its teardown. Only the log is flushed."""
+    import logging
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    _exit(main(sys.argv[1:]))

@@ -159,12 +159,20 @@ class Sweep:
         return self.state != "running"
 
     def wait(self, timeout: float | None = None, poll: float = 0.5) -> str:
-        """Until the sweep ends (or `timeout` seconds); returns its state."""
+        """Until the sweep ends (or `timeout` seconds); returns its state. The process that
+        started the driver is woken by the driver's exit, any other reads the study every `poll`."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self.done:
-            if deadline is not None and time.monotonic() > deadline:
+            left = poll if deadline is None else min(poll, deadline - time.monotonic())
+            if left <= 0:
                 break
-            time.sleep(poll)
+            if self._proc is None:
+                time.sleep(left)
+                continue
+            try:
+                self._proc.wait(left)
+            except subprocess.TimeoutExpired:
+                pass
         return self.state
 
     def stop(self, timeout: float = 120.0) -> str:

@@ -10,6 +10,7 @@ has a private folder, $GPU_LAB_HOME/sweeps/<id>/: the driver's spec, its log and
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -27,14 +28,22 @@ def default_storage() -> str:
     return f"sqlite:///{home() / 'sweeps.db'}"
 
 
+_storages: dict[tuple[str, int], Any] = {}
+
+
 def storage_of(url: str) -> Any:
-    """Optuna's storage for `url`; SQLite waits for a writer instead of failing at once (the
+    """Optuna's storage for `url`, made once per process: its engine and schema check cost about
+    a second the first time, and a kernel's sweep() and Sweep handles share them (never a forked
+    child: the pid is part of the key). SQLite waits for a writer instead of failing at once (the
     driver writes while kernels read)."""
     import optuna
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    kw = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
-    return optuna.storages.RDBStorage(url, engine_kwargs=kw)
+    key = (url, os.getpid())
+    if key not in _storages:
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        kw = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
+        _storages[key] = optuna.storages.RDBStorage(url, engine_kwargs=kw)
+    return _storages[key]
 
 
 def folder(sweep_id: str) -> Path:
