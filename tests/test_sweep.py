@@ -60,6 +60,16 @@ def test_a_bad_space_is_refused_before_any_trial(host):
     assert not (host / "home" / "sweeps").exists() or not any((host / "home" / "sweeps").iterdir())
 
 
+def test_a_study_that_cannot_be_created_fails_the_sweep_with_the_reason(host):
+    """sweep() returns before the study exists (a thread creates it): a storage that cannot be
+    opened is the sweep's state, failed, with the reason; no driver, no trial."""
+    sw = gpu_lab.sweep(gpu_lab.train_classifier, tiny(host), SPACE, trials=2,
+                       storage=f"sqlite:///{host}/no-such-folder/sweeps.db")
+    assert sw.wait(timeout=120) == "failed"
+    assert "could not be created" in sw.error and "no-such-folder" in sw.error, sw.error
+    assert sw._proc is None and Registry().list_runs() == []
+
+
 def test_a_process_opens_each_storage_once(host):
     """A kernel's sweep() and its Sweep handles share one storage: its engine and schema check
     cost about a second the first time."""

@@ -10,6 +10,7 @@ import os
 import secrets
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,9 @@ from typing import Any, Callable, Mapping
 
 from . import space as sp
 from . import study as st
+
+
+OPENING = 60.0  # s another process waits for a sweep's study to exist (Sweep._open creates it)
 
 
 @dataclass
@@ -48,9 +52,8 @@ def sweep(fn: Callable, base_cfg: Any, space: Mapping[str, Any], *, trials: int 
     "random" or "grid". detach=True: the sweep outlives this kernel (gpu_lab.attach(sweep_id)
     follows it). storage: an Optuna storage URL (default sqlite:///$GPU_LAB_HOME/sweeps.db).
     Every argument is checked, and every value of the space by TrainConfig, before anything starts.
+    The study is created and the driver started on a thread (see Sweep._open).
     """
-    import optuna
-
     from ..config import TrainConfig
     from ..rank.address import parse_entry
     from ..telemetry.probe import gpu_count
@@ -63,13 +66,13 @@ def sweep(fn: Callable, base_cfg: Any, space: Mapping[str, Any], *, trials: int 
     parse_entry(entry)
     _check_counts(trials=trials, parallel=parallel, gpus_per_trial=gpus_per_trial, seeds=seeds)
     st.check_choice("direction", direction, st.DIRECTIONS)
+    st.check_choice("sampler", sampler, st.SAMPLERS)
+    st.check_choice("pruner", pruner, st.PRUNERS)
     checked = sp.check(base, space, seeds=seeds)
-    grid_space = sp.grid(checked) if sampler == "grid" else None
-    chosen_sampler, chosen_pruner = st.sampler(sampler, grid_space, sampler_seed), st.pruner(pruner)
+    if sampler == "grid":
+        sp.grid(checked)
     sweep_id = time.strftime("sweep-%Y%m%d-%H%M%S-") + secrets.token_hex(3)
     storage = storage or st.default_storage()
-    optuna.create_study(study_name=sweep_id, storage=st.storage_of(storage), direction=direction,
-                        sampler=chosen_sampler, pruner=chosen_pruner)
     spec = {"id": sweep_id, "name": name or sweep_id, "entry": entry, "base": base.to_dict(),
             "space": sp.to_json(checked), "trials": int(trials), "parallel": int(parallel),
             "gpus_per_trial": int(gpus_per_trial), "metric": metric, "direction": direction,
@@ -78,8 +81,9 @@ def sweep(fn: Callable, base_cfg: Any, space: Mapping[str, Any], *, trials: int 
             "device": "cuda" if gpu_count() > 0 else "cpu", "kernel": _me()}
     st.spec_path(sweep_id).write_text(json.dumps(spec, indent=1))
     handle = Sweep(spec)
-    handle._proc = _start_driver(sweep_id)
-    handle.study.set_user_attr("driver_pid", handle._proc.pid)
+    # not a daemon: a script that ends at once still creates the study and starts the driver
+    handle._opening = threading.Thread(target=handle._open, name=f"gpu_lab-sweep-open-{sweep_id}")
+    handle._opening.start()
     return handle
 
 
@@ -126,23 +130,64 @@ class Sweep:
         self.direction = spec["direction"]
         self._proc: subprocess.Popen | None = None
         self._study = None
+        self._opening: threading.Thread | None = None  # sweep()'s _open, until it is joined
+        self.error: str | None = None  # why the study could not be created, if it could not
 
     def __repr__(self) -> str:
+        if self._opening is not None and self._opening.is_alive():  # never waits for it
+            return f"<Sweep {self.id} starting: 0/{self.spec['trials']} trials>"
         return f"<Sweep {self.id} {self.state}: {len(self.study.trials)}/{self.spec['trials']} trials>"
+
+    def _open(self) -> None:
+        """Create the study, then start the driver. sweep() runs this on a thread and returns:
+        a process's first Optuna storage takes a second or more to open (SQLAlchemy, Alembic, the
+        schema), and the kernel stays free meanwhile. A failure is the sweep's state, `failed`."""
+        import optuna
+
+        try:
+            spec = self.spec
+            space = sp.from_json(spec["space"])
+            self._study = optuna.create_study(
+                study_name=self.id, storage=st.storage_of(spec["storage"]),
+                direction=spec["direction"], pruner=st.pruner(spec["pruner"]),
+                sampler=st.sampler(spec["sampler"], sp.grid(space) if spec["sampler"] == "grid"
+                                   else None, spec["sampler_seed"]))
+            self._proc = _start_driver(self.id)
+            self._study.set_user_attr("driver_pid", self._proc.pid)
+        except Exception as e:  # noqa: BLE001 - said by state and error, not lost in a thread
+            self.error = f"the study could not be created in {self.spec['storage']}: {e}"
+
+    def _opened(self) -> bool:
+        """Wait for _open, if it runs; False when it failed."""
+        if self._opening is not None:
+            self._opening.join()
+            self._opening = None
+        return self.error is None
 
     @property
     def study(self) -> Any:
         """The Optuna study itself (optuna.load_study from the sweep's storage)."""
         import optuna
 
-        if self._study is None:
-            self._study = optuna.load_study(study_name=self.id,
-                                            storage=st.storage_of(self.spec["storage"]))
+        if not self._opened():
+            raise RuntimeError(f"sweep {self.id}: {self.error}")
+        deadline = time.monotonic() + OPENING
+        while self._study is None:
+            try:
+                self._study = optuna.load_study(study_name=self.id,
+                                                storage=st.storage_of(self.spec["storage"]))
+            except KeyError:  # attached a moment after sweep() returned: its kernel creates it
+                if time.monotonic() > deadline:
+                    raise KeyError(f"sweep {self.id}: no study in {self.spec['storage']} "
+                                   f"{OPENING:.0f} s after its spec was written") from None
+                time.sleep(0.1)
         return self._study
 
     @property
     def state(self) -> str:
         """running | finished | failed | stopped, or lost when the driver died without saying."""
+        if not self._opened():
+            return "failed"
         attrs = self.study.user_attrs
         state = attrs.get("state", "running")
         if state in st.FINAL_STATES:

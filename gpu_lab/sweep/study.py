@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ def default_storage() -> str:
 
 
 _storages: dict[tuple[str, int], Any] = {}
+_storages_lock = threading.Lock()
 
 
 def storage_of(url: str) -> Any:
@@ -37,13 +39,20 @@ def storage_of(url: str) -> Any:
     child: the pid is part of the key). SQLite waits for a writer instead of failing at once (the
     driver writes while kernels read)."""
     import optuna
+    from sqlalchemy.exc import IntegrityError, OperationalError
 
     key = (url, os.getpid())
-    if key not in _storages:
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
-        kw = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
-        _storages[key] = optuna.storages.RDBStorage(url, engine_kwargs=kw)
-    return _storages[key]
+    with _storages_lock:
+        if key not in _storages:
+            optuna.logging.set_verbosity(optuna.logging.WARNING)
+            kw = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
+            try:
+                _storages[key] = optuna.storages.RDBStorage(url, engine_kwargs=kw)
+            except (IntegrityError, OperationalError):
+                # another process made the new database's schema meanwhile (a table, Alembic's
+                # version): this time it is there. Any other error is raised again here.
+                _storages[key] = optuna.storages.RDBStorage(url, engine_kwargs=kw)
+        return _storages[key]
 
 
 def folder(sweep_id: str) -> Path:
