@@ -1,0 +1,218 @@
+"""gpu_lab.submit on a real Slurm cluster: a private one-node cluster (slurmctld, slurmd, munged in
+a temp dir; gpu_lab.cluster.sandbox) takes real jobs whose ranks srun starts. A kernel submits a
+2-rank job that waits behind a job holding every CPU (queued, with Slurm's reason), then runs and
+succeeds with every report in the record; a second job is stopped from its Run, checkpoints, and
+ends stopped while Slurm says CANCELLED. Then what only Slurm knows: a job cancelled while
+pending, the checkpoint signal without a stop (requeued, resumed), and bad input refused before
+sbatch runs."""
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from gpu_lab.cluster import sandbox, slurm, states
+from gpu_lab.record.registry import Registry
+
+from proc_utils import wait_until
+
+TESTS = Path(__file__).parent
+STEPS = 12
+
+@pytest.fixture
+def cluster(tmp_path, monkeypatch):
+    """The private cluster (4 CPUs, on this 2-core machine) and a GPU_LAB_HOME of the test's own;
+    the job finds tests/ (cluster functions) on PYTHONPATH, as a user's module on a login node."""
+    if not sandbox.installed():
+        pytest.skip("Slurm is not installed (`make test` installs Debian's slurmctld, slurmd, "
+                    "slurm-client and munge)")
+    home = tmp_path / "home"
+    monkeypatch.setenv("GPU_LAB_HOME", str(home))
+    monkeypatch.setenv("GPU_LAB_SLURM_POLL_S", "0.5")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
+    with sandbox.private_cluster(tmp_path / "slurm", cpus=4) as env:
+        yield {"env": env, "home": home, "tmp": tmp_path}
+        _settle(home)
+
+
+def _settle(home: Path) -> None:
+    """No job, no follower left: every job cancelled, its end recorded, the follower gone."""
+    from gpu_lab.cluster import follow
+
+    subprocess.run(["scancel", f"--user={getpass.getuser()}"], check=True)
+    reg = Registry()
+    wait_until(lambda: not follow.Follower(reg).active(), 60, what="every job's end recorded")
+    wait_until(lambda: not follow.following(home), 30, what="the follower to exit")
+
+
+def _blocker(tmp: Path) -> tuple[str, Path]:
+    """A job that holds every CPU of the node until `gate` exists."""
+    gate = tmp / "gate"
+    job = slurm.sbatch(str(_script(tmp / "blocker.sh", f"#SBATCH --ntasks=4\n"
+                                   f"while [ ! -e {gate} ]; do sleep 0.2; done\n")))
+    return job, gate
+
+
+def _script(path: Path, body: str) -> Path:
+    path.write_text(f"#!/bin/bash\n#SBATCH --output={path.parent}/%x-%j.out\n{body}")
+    return path
+
+
+CELLS = [
+    f"""
+import json, sys, time
+sys.path.insert(0, {str(TESTS)!r})
+import gpu_lab
+from proc_utils import wait_until
+cfg = gpu_lab.TrainConfig(max_steps={STEPS}, num_workers=0, output_dir={{out!r}})
+""",
+    # queued behind the blocker, with Slurm's reason; the kernel stays free
+    """
+t0 = time.monotonic()
+run = gpu_lab.submit("export_fns:train_tiny", cfg, ranks_per_node=2, device="cpu", name="two-ranks")
+submit_s = time.monotonic() - t0
+wait_until(lambda: run.reason and "Resources" in run.reason, 60, what="Slurm's reason")
+print(json.dumps({"status": run.status, "reason": run.reason, "job": run.job_id,
+                  "submit_s": submit_s}))
+""",
+    """
+open({gate!r}, "w").close()  # the blocker ends: the job starts
+print(json.dumps({"status": run.wait(240), "result": run.result(), "reason": run.reason}))
+""",
+    # a job to stop: train_classifier checkpoints on the stop signal
+    """
+long = cfg.replace(model="tiny_cnn", image_size=16, batch_size=16, max_steps=100000,
+                   num_workers=0, tensorboard=False, eval_every=0)
+run2 = gpu_lab.submit(gpu_lab.train_classifier, long, ranks_per_node=2, device="cpu", name="to-stop")
+assert run2.wait_for_step(3, rank=1, metric="loss", timeout=240), run2.status
+print(json.dumps({"status": run2.stop(), "reason": run2.reason, "id": run2.id}))
+""",
+]
+
+
+def test_a_kernel_submits_follows_and_stops_slurm_jobs(cluster):
+    blocker, gate = _blocker(cluster["tmp"])
+    out = str(cluster["tmp"] / "out")
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(c.replace("{out!r}", repr(out)).replace(
+        "{gate!r}", repr(str(gate)))) for c in CELLS]
+    NotebookClient(nb, timeout=400, kernel_name="python3",
+                   resources={"metadata": {"path": str(TESTS)}}).execute()
+    said = [json.loads(_stdout(c).strip().splitlines()[-1]) for c in nb.cells[1:]]
+
+    queued, done, stopped = said
+    assert queued["status"] == "queued" and "Resources" in queued["reason"], queued
+    assert queued["submit_s"] < 10, queued
+    assert done["status"] == "succeeded" and done["reason"] is None, done
+    assert done["result"]["world_size"] == 2, done
+    reg = Registry()
+    row = next(r for r in reg.list_runs() if r["name"] == "two-ranks")
+    assert row["kind"] == "slurm" and row["job"]["id"] == queued["job"], row
+    for rank in (0, 1):  # every report in the record
+        assert [m["step"] for m in reg.metrics(row["id"], "loss", rank=rank)] == list(range(STEPS))
+    assert not [e for e in reg.events(row["id"], kinds=["dropped"])]
+    assert slurm.states([queued["job"]])[queued["job"]].state == "COMPLETED"
+
+    assert stopped["status"] == "stopped" and stopped["reason"] == "stopped by the user", stopped
+    row2 = reg.get_run(stopped["id"])
+    ckpts = sorted((Path(row2["output_dir"]) / "checkpoints").glob("step_*"))
+    assert ckpts and (ckpts[-1] / "manifest.json").is_file(), ckpts  # complete, not half-written
+    # its status and Slurm's agree (the job cancels itself once its end is recorded)
+    job = wait_until(lambda: (s := slurm.states([row2["job"]["id"]]).get(row2["job"]["id"]))
+                     and s.state in states.FINAL and s, 60, what="Slurm's end of the stopped job")
+    assert job.state == "CANCELLED"
+    assert states.status_of(job.state, stop_reason="stopped by the user")[0] == row2["status"]
+    for log in Path(row2["run_dir"], "logs").iterdir():  # private, though Slurm wrote them
+        assert log.stat().st_mode & 0o077 == 0, log
+
+
+def _stdout(cell) -> str:
+    return "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
+
+
+def test_a_job_cancelled_while_pending_is_recorded_by_the_follower(cluster):
+    """Nothing of the job ran to say how it ended: Slurm's CANCELLED becomes stopped."""
+    import gpu_lab
+
+    blocker, gate = _blocker(cluster["tmp"])
+    run = gpu_lab.submit("export_fns:train_tiny", gpu_lab.TrainConfig(max_steps=2, num_workers=0),
+                         ranks_per_node=1, device="cpu")
+    wait_until(lambda: run.reason and "Resources" in run.reason, 60, what="Slurm's reason")
+    slurm.cancel(run.job_id)  # by hand, not through the Run
+    assert run.wait(60) == "stopped"
+    assert run.reason == "cancelled in Slurm (scancel, or an administrator)"
+    assert Registry().get_run(run.id)["job"]["state"] == "CANCELLED"
+    gate.touch()
+
+
+def test_the_checkpoint_signal_without_a_stop_requeues_and_resumes(cluster):
+    """What Slurm's time limit does (SIGUSR1 before it, here sent at once): the ranks checkpoint,
+    the job requeues itself, starts again, resumes from the checkpoint and finishes, one run."""
+    import gpu_lab
+
+    cfg = gpu_lab.TrainConfig(model="tiny_cnn", image_size=16, batch_size=16, max_steps=20,
+                              num_workers=0, tensorboard=False, eval_every=0,
+                              output_dir=str(cluster["tmp"] / "out"))
+    run = gpu_lab.submit(gpu_lab.train_classifier, cfg, ranks_per_node=2, device="cpu")
+    assert run.wait_for_step(3, rank=0, metric="loss", timeout=240)
+    slurm.signal(run.job_id, "USR1")
+    wait_until(lambda: run.reason and "BeginTime" in run.reason, 120, what="the requeued job")
+    # Slurm holds a requeued job two minutes; its owner may let it start at once
+    subprocess.run(["scontrol", "update", f"JobId={run.job_id}", "StartTime=now"], check=True)
+    assert run.wait(300) == "succeeded", (run.status, run.logs(None, 30))
+    reg = Registry()
+    row = reg.get_run(run.id)
+    assert row["job"]["attempt"] == 1, row["job"]  # the second attempt finished it
+    said = [e["data"] for e in reg.events(run.id, kinds=["status"])]
+    assert any(d["status"] == "queued" and "requeued" in (d.get("reason") or "") for d in said)
+    assert "resuming from step" in run.logs(0, None)
+    assert max(m["step"] for m in reg.metrics(run.id, "loss", rank=0)) == cfg.max_steps
+
+
+def test_bad_input_is_refused_before_anything_is_made(gpu_lab_home, monkeypatch):
+    import gpu_lab
+    from gpu_lab.rank.address import EntryError
+
+    monkeypatch.setenv("PYTHONPATH", str(TESTS))
+    with pytest.raises(EntryError, match="has no attribute 'train_tinny'"):
+        gpu_lab.submit("export_fns:train_tinny", gpu_lab.TrainConfig(), device="cpu")
+    with pytest.raises(ValueError, match="JobSpec.num_nodes: got 0"):
+        gpu_lab.submit("export_fns:train_tiny", gpu_lab.TrainConfig(), nodes=0, device="cpu")
+    with pytest.raises(ValueError, match="JobSpec.time_limit: got 'soon'"):
+        gpu_lab.submit("export_fns:train_tiny", gpu_lab.TrainConfig(), time_limit="soon",
+                       device="cpu")
+    with pytest.raises(ValueError, match="JobSpec.device: got 'tpu'"):
+        gpu_lab.submit("export_fns:train_tiny", gpu_lab.TrainConfig(), device="tpu")
+    with monkeypatch.context() as m:
+        m.setenv("PATH", str(Path(sys.executable).parent))  # no Slurm commands
+        with pytest.raises(slurm.SlurmError, match="sbatch.*not on the PATH"):
+            gpu_lab.submit("export_fns:train_tiny", gpu_lab.TrainConfig(), device="cpu")
+    assert not (gpu_lab_home / "runs").exists()  # nothing was made
+
+
+@pytest.mark.parametrize("state, status", [
+    ("PENDING", "queued"), ("REQUEUED", "queued"), ("RUNNING", "running"),
+    ("COMPLETING", "running"), ("COMPLETED", "succeeded"), ("FAILED", "failed"),
+    ("NODE_FAIL", "failed"), ("OUT_OF_MEMORY", "failed"), ("CANCELLED", "stopped"),
+    ("TIMEOUT", "stopped"), ("PREEMPTED", "stopped"), ("CANCELLED+", "stopped"),
+    ("A_STATE_SLURM_ADDS_LATER", "running")])
+def test_the_state_table(state, status):
+    assert states.status_of(state, "Resources")[0] == status
+
+
+def test_pending_reasons_read_as_advice():
+    assert states.status_of("PENDING", "Resources") == (
+        "queued", "waiting in Slurm's queue: Resources (the nodes it asks for are busy)")
+    assert "shorter time_limit" in states.status_of("PENDING", "PartitionTimeLimit")[1]
+    assert states.status_of("PENDING", "SomethingNew")[1] == "waiting in Slurm's queue: SomethingNew"
+    assert "sbatch --mem" in states.status_of("OUT_OF_MEMORY")[1]
+    assert states.status_of("CANCELLED", stop_reason="pruned by a sweep") == (
+        "stopped", "pruned by a sweep")
