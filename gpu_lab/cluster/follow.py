@@ -1,26 +1,29 @@
 """The follower of a registry's Slurm jobs: `python -m gpu_lab.cluster.follow <registry>`.
 
-A submitted run records itself once its job runs (gpu_lab.cluster.job). What happens to it before
-that, or without it, only Slurm knows: a pending job's reason, a job cancelled while pending, a
-node that failed, a job killed at its limit or for memory, a requeue. One follower per registry
-asks Slurm about all of its active jobs in one squeue call every GPU_LAB_SLURM_POLL_S seconds
-(default 5) and writes what it learns, through gpu_lab.cluster.states' table:
+It hosts each active job's recorder (gpu_lab.cluster.relay): the job reports to it over the
+run's channel and says its own status changes, which become the row's. What happens to a job
+before it runs, or without its word, only Slurm knows: a pending job's reason, a job cancelled
+while pending, a node that failed, a job killed at its limit or for memory, a requeue. So the
+follower also asks Slurm about every active job in one squeue call every GPU_LAB_SLURM_POLL_S
+seconds (default 5), or sooner when a job said something, and writes what it learns, through
+gpu_lab.cluster.states' table:
 
 - a pending job: `queued`, with Slurm's reason in words;
 - a job Slurm requeued after it ran (a later attempt is pending): `queued` again;
 - a job Slurm ended that did not record its own end (one more look to let it): the table's end;
 - a job Slurm no longer knows (purged, accounting off): `lost`, after three looks.
 
-The job's own word wins: a status the job wrote is only replaced by a later one. The follower is a
-fresh interpreter in a session of its own (it outlives the kernel that submitted), holds
-`slurm-follow.lock` in GPU_LAB_HOME so there is one per registry, and exits when no job is left
-to follow. gpu_lab.submit and attach start it (`ensure`).
+The job's own word wins: the table decides an end only for a job that has not said one. The
+follower is a fresh interpreter in a session of its own (it outlives the kernel that submitted;
+SQLite wants fresh processes), holds `slurm-follow.lock` in GPU_LAB_HOME so there is one per
+registry, and exits when no job is left to follow. gpu_lab.submit and attach start it (`ensure`).
 """
 from __future__ import annotations
 
 import fcntl
 import json
 import os
+import queue
 import subprocess
 import sys
 import time
@@ -31,6 +34,7 @@ from ..access import open_private
 from ..record import events as ev
 from ..record.runfolder import RunFolder
 from . import slurm, states
+from .relay import Relay
 
 POLL_ENV = "GPU_LAB_SLURM_POLL_S"
 LOCK = "slurm-follow.lock"
@@ -61,18 +65,27 @@ class Follower:
         self.unknown: dict[str, int] = {}
         self.silent: dict[str, int] = {}
         self.cancelled: set[str] = set()  # runs whose stop the follower enforced
+        self.relay = Relay(registry)
 
     def active(self) -> list[dict]:
         return [r for r in self.registry.list_runs(status=list(ev.ACTIVE_STATUSES))
                 if isinstance(r.get("job"), dict) and r["job"].get("scheduler") == "slurm"]
 
     def look(self) -> int:
-        """One look at every active job; returns how many are still active."""
-        rows = [r for r in self.active() if r["job"].get("id")]
+        """One look at every active job: its recorder, its own word, then Slurm's; returns how
+        many are still active."""
+        rows = []
+        for row in self.active():
+            self.relay.serve(row)
+            row = self.relay.apply(row)
+            if row["status"] in ev.ACTIVE_STATUSES and row["job"].get("id"):
+                rows.append(row)
         known = slurm.states(r["job"]["id"] for r in rows) if rows else {}
         for row in rows:
             self.reconcile(row, known.get(str(row["job"]["id"])))
-        return len(self.active())
+        active = {r["id"] for r in self.active()}
+        self.relay.retire(active)
+        return len(active) + len(self.relay.recorders)
 
     def reconcile(self, row: dict, job: slurm.JobState | None) -> None:
         rid = row["id"]
@@ -97,9 +110,12 @@ class Follower:
         elif status == "running" and row["status"] == "queued":
             if _count(self.silent, rid) == SILENT_LOOKS:  # once
                 log = RunFolder(row["run_dir"]).log_file(None)
+                rec = self.relay.recorders.get(rid)
                 self._say(row, "queued", f"Slurm runs job {job.job_id} on {job.nodes}, but the "
-                          "job has not written to this registry: GPU_LAB_HOME must be reachable "
-                          f"from the job's first node (see {log})")
+                          "job has not reported: the run folder must be on a file system the "
+                          "nodes share, and the job's first node must reach "
+                          f"{rec.address if rec else 'this host'} (GPU_LAB_RECORDER_HOST); see "
+                          f"{log}")
         elif status in ev.FINAL_STATUSES:
             if _count(self.ended, rid) >= ENDED_LOOKS:  # the job writes its end before it exits
                 self._end(row, status, reason)
@@ -123,16 +139,20 @@ class Follower:
 
     def _say(self, row: dict, status: str, reason: str | None) -> None:
         self.registry.update(row["id"], status=status, reason=reason)
-        self.registry.add_events(row["id"], [ev.make(row["id"], -1, ev.STATUS,
-                                                     {"status": status, "reason": reason})])
+        self._event(row["id"], {"status": status, "reason": reason, "from": "slurm"})
+
+    def _event(self, run_id: str, data: dict) -> None:
+        """A status event, published live by the run's recorder where it has one."""
+        e = ev.make(run_id, -1, ev.STATUS, data)
+        if not self.relay.record(run_id, [e]):
+            self.registry.add_events(run_id, [e])
 
     def _end(self, row: dict, status: str, reason: str | None) -> None:
         for looks in (self.ended, self.unknown, self.silent):
             looks.pop(row["id"], None)
         if self.registry.set_status(row["id"], status, reason=reason,
                                     error=reason if status in ("failed", "lost") else None):
-            self.registry.add_events(row["id"], [ev.make(row["id"], -1, ev.STATUS, {
-                "status": status, "reason": reason, "from": "slurm"})])
+            self._event(row["id"], {"status": status, "reason": reason, "from": "slurm"})
             print(f"{time.strftime('%H:%M:%S')} run {row['id']} (job {row['job'].get('id')}): "
                   f"{status}" + (f" ({reason})" if reason else ""), flush=True)
 
@@ -154,8 +174,15 @@ def follow(registry_path: str) -> int:
     lock = _lock(Path(registry.path).parent)
     if lock is None:
         return 0  # another follower has it
-    follower, pause = Follower(registry), poll_seconds()
-    answered = time.monotonic()
+    follower = Follower(registry)
+    try:
+        return _loop(follower, lock, Path(registry.path).parent)
+    finally:
+        follower.relay.close()
+
+
+def _loop(follower: Follower, lock: int, home: Path) -> int:
+    pause, answered = poll_seconds(), time.monotonic()
     while True:
         try:
             left = follower.look()
@@ -168,9 +195,12 @@ def follow(registry_path: str) -> int:
             left = 1
         if not left:
             os.close(lock)  # then one more look: a job submitted meanwhile found the lock held
-            if not follower.active() or (lock := _lock(Path(registry.path).parent)) is None:
+            if not follower.active() or (lock := _lock(home)) is None:
                 return 0
-        time.sleep(pause)
+        try:  # the next look: when a job says something, or after the pause
+            follower.relay.news.get(timeout=pause)
+        except queue.Empty:
+            pass
 
 
 def _lock(home: Path) -> int | None:

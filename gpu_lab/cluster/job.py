@@ -1,12 +1,13 @@
 """A submitted run's job supervisor: `python -m gpu_lab.cluster.job <run folder>`, the last command
 of the batch script (gpu_lab.cluster.script), on the job's first node.
 
-It owns the run's record for this attempt, as a launched run's supervisor does: a Recorder in this
-fresh process (the only kind that may write SQLite) with keys made here (the client key goes to
-the run folder for the owner's readers and to the ranks in their environment; no secret travels
-through Slurm's submission), bound on loopback for one node, else on the first node's address so
-every node's ranks report to it. srun starts one `gpu_lab.rank.headless --in-job` task per rank,
-each logging to logs/rank<r>.log. Then it decides the end:
+The run's record stays on the host it was submitted from: its recorder runs there, in the
+registry's follower (gpu_lab.cluster.relay), and listens where the run folder's job/channel.json
+says, with the run's keys. This process tells it the job's status changes (rank -1 status events
+"from": "job": running with the attempt and nodes, then the end), and srun starts one
+`gpu_lab.rank.headless --in-job` task per rank, each reporting to the same recorder and logging to
+logs/rank<r>.log. Nothing here opens the registry: the job's nodes need the run folder (a shared
+file system) and a route to the recorder, not the database. Then it decides the end:
 
 | what happened | status | Slurm state after |
 |---|---|---|
@@ -32,41 +33,44 @@ from typing import Any
 from ..access import touch_private
 from ..rank.outcome import STOP_EXIT_CODE, STOP_SIGNALS
 from ..record import events as ev
-from ..record.channel import ENV_KEY, RunKeys, save_client_key
+from ..record.channel import ENV_KEY
 from ..record.runfolder import RunFolder
 from . import slurm
+from .relay import FROM_JOB
 
 
 class Job:
     def __init__(self, folder: RunFolder) -> None:
-        from ..record.registry import Registry
+        from ..record.channel import load_client_key
+        from ..record.reporter import Reporter
 
         self.folder = folder
         self.spec = json.loads(folder.job_file("spec").read_text())
         self.run_id = self.spec["run_id"]
-        self.registry = Registry(self.spec["registry"])
+        where = json.loads(folder.job_file("channel").read_text())
+        self.address = f"tcp://{where['host']}:{where['port']}"
+        self.key = load_client_key(folder.path)
+        if self.key is None:
+            raise RuntimeError(f"no channel key in {folder.path}: the run folder must be the one "
+                               "gpu_lab.submit made, on a file system this node shares")
         self.job_id = os.environ.get("SLURM_JOB_ID", "")
         self.attempt = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
         self.signalled: str | None = None  # a signal Slurm sent this process (cancel, preempt)
+        self.say = Reporter(self.address, self.run_id, rank=-1, key=self.key)
+
+    def status(self, status: str, **extra: Any) -> None:
+        self.say.status(status, **extra, **{"from": FROM_JOB})
 
     def run(self) -> int:
-        from ..record.recorder import Recorder
-
         for sig in STOP_SIGNALS:  # Slurm signals the ranks itself; this process notes and waits
             signal.signal(sig, self._note_signal)
-        keys = RunKeys.new()
-        save_client_key(self.folder.path, keys.client)
-        host = self._address()
-        rec = Recorder(self.registry, self.run_id, keys=keys, host=host)
-        self._started(rec)
-        code = self._ranks(rec, keys)
+        nodes = os.environ.get("SLURM_JOB_NODELIST")
+        self.status("running", attempt=self.attempt, nodes=nodes, batch_host=socket.gethostname())
+        self.say.log(f"Slurm job {self.job_id} attempt {self.attempt} started on {nodes}")
+        code = self._ranks()
         end, after = self._decide(code)
-        if end["status"] in ev.FINAL_STATUSES:
-            rec.close(end=end)
-        else:  # requeued or stopping: the run goes on, in Slurm's hands
-            self.registry.update(self.run_id, status=end["status"], reason=end.get("reason"))
-            rec.record([ev.make(self.run_id, -1, ev.STATUS, end)])
-            rec.close()
+        self.status(**end)
+        self.say.close(10.0)  # the end reaches the recorder before Slurm is told anything
         print(f"gpu_lab job {self.job_id}: srun exited {code}; the run is {end['status']}"
               + (f" ({end['reason']})" if end.get("reason") else ""), flush=True)
         if after is not None:
@@ -76,35 +80,11 @@ class Job:
     def _note_signal(self, signum: int, frame: Any) -> None:
         self.signalled = signal.Signals(signum).name
 
-    def _address(self) -> str:
-        """Where the recorder listens: loopback for one node, else the first node's address
-        (MASTER_ADDR, the batch script's), which every node reaches."""
-        if int(self.spec["nodes"]) == 1:
-            return "127.0.0.1"
-        name = os.environ.get("MASTER_ADDR") or socket.gethostname()
-        addr = socket.gethostbyname(name)
-        if addr.startswith("127."):
-            raise RuntimeError(f"the job's first node {name!r} resolves to {addr}, which other "
-                               "nodes cannot reach: fix the node's /etc/hosts, or set "
-                               "MASTER_ADDR to its address in the submit's env")
-        return addr
-
-    def _started(self, rec: Any) -> None:
-        job = dict(self.registry.get_run(self.run_id).get("job") or {})
-        job.update(id=self.job_id, attempt=self.attempt, batch_host=socket.gethostname(),
-                   nodes=os.environ.get("SLURM_JOB_NODELIST"), state="RUNNING", reason=None)
-        self.registry.update(self.run_id, status="running", ended=None, reason=None, job=job,
-                             events_address=rec.publish_address)
-        rec.record([ev.make(self.run_id, -1, ev.STATUS, {"status": "running"}),
-                    ev.make(self.run_id, -1, ev.LOG, {"text": (
-                        f"Slurm job {self.job_id} attempt {self.attempt} started on "
-                        f"{job['nodes']}")})])
-
-    def _ranks(self, rec: Any, keys: RunKeys) -> int:
+    def _ranks(self) -> int:
         for rank in range(int(self.spec["nodes"]) * int(self.spec["ranks_per_node"])):
             touch_private(self.folder.log_file(rank))  # srun would use the job's umask
         env = dict(os.environ, **{ev.ENV_RUN_ID: self.run_id, ev.ENV_RUN_DIR: str(self.folder.path),
-                                  ev.ENV_ADDRESS: rec.address, ENV_KEY: keys.client.encode()})
+                                  ev.ENV_ADDRESS: self.address, ENV_KEY: self.key.encode()})
         argv = ["srun", "--kill-on-bad-exit=1", f"--output={self.folder.slurm_log_pattern()}",
                 "--open-mode=append", self.spec["python"], "-m", "gpu_lab.rank.headless",
                 self.spec["entry"], "--config", str(self.folder.job_file("config")),
@@ -118,13 +98,16 @@ class Job:
 
     def _decide(self, code: int) -> tuple[dict, Any]:
         """The end of this attempt and what to tell Slurm after it is recorded."""
+        stopped = code in (STOP_EXIT_CODE, 128 + signal.SIGUSR1)
+        stop = self.folder.stop_reason()
+        # the Run asked (fit may have seen control/stop before the signal, and returned): Slurm
+        # agrees once the job cancels itself
+        if stop is not None and (code == 0 or stopped):
+            return {"status": self.folder.stop_status(), "reason": stop or "stopped by the user",
+                    "exitcode": code}, slurm.cancel
         if code == 0:
             return {"status": "succeeded", "exitcode": 0}, None
-        if code == STOP_EXIT_CODE or code == 128 + signal.SIGUSR1:
-            stop = self.folder.stop_reason()
-            if stop is not None:  # the Run asked: Slurm agrees once the job cancels itself
-                return {"status": self.folder.stop_status(), "reason": stop or "stopped by the user",
-                        "exitcode": code}, slurm.cancel
+        if stopped:
             if self.signalled:
                 return {"status": "stopping", "reason": f"Slurm sent {self.signalled} (scancel or "
                         "preemption); the ranks checkpointed"}, None
@@ -155,8 +138,9 @@ def main(argv: list[str]) -> int:
         import traceback
 
         traceback.print_exc()
-        job.registry.set_status(job.run_id, "failed", error=f"the job's supervisor failed after "
-                                f"{time.time() - t0:.0f} s: {type(exc).__name__}: {exc}")
+        job.status("failed", error=f"the job's supervisor failed after {time.time() - t0:.0f} "
+                   f"s: {type(exc).__name__}: {exc}")
+        job.say.close(10.0)
         return 1
 
 

@@ -5,7 +5,8 @@ Debian's slurmctld, slurmd and munged (`apt install slurmctld slurmd slurm-clien
 test` installs them) run as this user with everything (munge key and socket, slurm.conf, state,
 spool, logs, pid files) under one folder, on free ports, addressed through 127.0.0.1, with
 process tracking that needs no cgroups. The node declares `cpus` CPUs whatever the machine has,
-so jobs can ask for more tasks than it has cores. Nothing touches /etc or a system cluster:
+so jobs can ask for more tasks than it has cores. Job credentials last 10 s (not 120), which is
+also how long Slurm holds a requeued job before it starts again. Nothing touches /etc or a system cluster:
 commands find it through SLURM_CONF, which `start()` sets in this process for sbatch, squeue and
 the job's processes. `stop()` shuts the controller down, stops munged and kills any daemon left.
 """
@@ -36,9 +37,16 @@ class PrivateSlurm:
     """The cluster in `folder`: `start()` (returns the environment with SLURM_CONF), `stop()`;
     also a context manager."""
 
-    def __init__(self, folder: str | os.PathLike, cpus: int = 2) -> None:
+    def __init__(self, folder: str | os.PathLike, cpus: int = 2, *,
+                 controller_addr: str = "127.0.0.1", node_addr: str = "127.0.0.1",
+                 node_prefix: tuple[str, ...] = ()) -> None:
+        """controller_addr, node_addr: where slurmctld and slurmd are reached; node_prefix: a
+        command that slurmd starts under, e.g. ("ip", "netns", "exec", "ns") to put the node,
+        and so its jobs, in a network namespace of its own: another host on the network."""
         self.folder = Path(folder)
         self.cpus = int(cpus)
+        self.controller_addr, self.node_addr = controller_addr, node_addr
+        self.node_prefix = tuple(node_prefix)
         self.env: dict = {}
         self._old_conf: str | None = None
         # Unix sockets (munge's, slurmstepd's in the spool) must fit in 108 bytes: a deep folder
@@ -68,8 +76,8 @@ class PrivateSlurm:
                           f"--pid-file={d / 'munged.pid'}", f"--log-file={d / 'munged.log'}",
                           f"--seed-file={d / 'munged.seed'}"]), "munged")
         (d / "slurm.conf").write_text(self._conf())
-        for daemon in ("slurmctld", "slurmd"):
-            self._check(_run([daemon], env=self.env), daemon)
+        self._check(_run(["slurmctld"], env=self.env), "slurmctld")
+        self._check(_run([*self.node_prefix, "slurmd"], env=self.env), "slurmd")
         deadline = time.monotonic() + timeout
         while True:  # the node registers with the controller: poll until it takes jobs
             state = _run(["sinfo", "-h", "-o", "%t"], env=self.env, timeout=30).stdout.strip()
@@ -92,11 +100,11 @@ class PrivateSlurm:
         user = _user()
         return f"""\
 ClusterName=gpulabsandbox
-SlurmctldHost={host}(127.0.0.1)
+SlurmctldHost={host}({self.controller_addr})
 SlurmctldPort={_free_port()}
 SlurmdPort={_free_port()}
 AuthType=auth/munge
-AuthInfo=socket={self._munge}
+AuthInfo=socket={self._munge},cred_expire=10
 SlurmUser={user}
 SlurmdUser={user}
 StateSaveLocation={d / 'state'}
@@ -112,7 +120,7 @@ MpiDefault=none
 ReturnToService=2
 SlurmdParameters=config_overrides
 KillWait=5
-NodeName={host} NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory=1000 State=UNKNOWN
+NodeName={host} NodeAddr={self.node_addr} CPUs={self.cpus} RealMemory=1000 State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
 

@@ -11,6 +11,7 @@ is Slurm's (the checkpoint signal to the ranks), resume a new submission.
 """
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import sys
@@ -20,11 +21,14 @@ from typing import Any, Callable
 
 from ..access import touch_private
 from ..cluster import follow, slurm, states
+from ..cluster.relay import recorder_host
 from ..cluster.script import job_script
 from ..config import TrainConfig
 from ..record import events as ev
+from ..record.channel import RunKeys, save_client_key
 from ..record.registry import Registry
 from ..record.runfolder import RunFolder
+from .checks import free_port
 from .run import Run
 
 STOP_SIGNAL = "USR1"  # what the ranks' preemption guard answers with a checkpoint and exit 143
@@ -116,6 +120,13 @@ def _make_run(registry: Registry, spec: Any, label: str, source: dict | None,
     ranks_cfg = cfg.replace(output_dir=output_dir, resume_from=source["path"] if source else None)
     folder.write_job_file("config", ranks_cfg.to_json(indent=1) + "\n")
     folder.write_job_file("spec", _spec_json(run_id, registry, spec, job["requeue"]))
+    # the run's recorder runs on this host (in the registry's follower), where the registry is:
+    # the job reports to it over the channel, so the registry never leaves this machine
+    keys = RunKeys.new()
+    save_client_key(folder.path, keys.client)
+    folder.write_job_file("keys", keys.encode())
+    host = recorder_host()
+    folder.write_job_file("channel", json.dumps({"host": host, "port": free_port(host)}))
     folder.write_job_file("script", job_script(spec, run_id, str(folder.path), job["requeue"]))
     registry.create_run(run_id, name=label, config=cfg.to_dict(), num_processes=spec.world_size,
                         num_nodes=spec.num_nodes, output_dir=output_dir, run_dir=str(folder.path),
@@ -125,9 +136,7 @@ def _make_run(registry: Registry, spec: Any, label: str, source: dict | None,
 
 
 def _spec_json(run_id: str, registry: Registry, spec: Any, requeue: bool) -> str:
-    import json
-
-    return json.dumps({"run_id": run_id, "registry": str(registry.path), "entry": spec.entry,
+    return json.dumps({"run_id": run_id, "entry": spec.entry,
                        "python": spec.python, "nodes": spec.num_nodes,
                        "ranks_per_node": spec.nproc_per_node, "requeue": bool(requeue)},
                       indent=1) + "\n"

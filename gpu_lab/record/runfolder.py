@@ -13,7 +13,9 @@ ranks and the server talk about one run. This module is the only one that names 
     elastic/                  torch elastic's temp folder for this run
     job/                      a submitted run's batch job (gpu_lab.submit): job.sbatch, the
                               script sbatch got; job.json, what its supervisor runs;
-                              config.json, the ranks' TrainConfig
+                              config.json, the ranks' TrainConfig; channel.json, where its
+                              recorder (in the registry's follower) listens; server.key, that
+                              recorder's keys, so a restarted follower listens as before
 
 Contract: every file written here is written atomically (a temp file in the same folder, fsync,
 rename: a reader never sees half a file) and is the owner's only, as is every folder made here
@@ -38,7 +40,8 @@ RESULT = "result.pkl"
 NOTIFY = "notify.json"  # a launched run's notice URLs, until its end notice is sent
 CONTROL, ERRORS, RANKS, LOGS, ELASTIC = "control", "errors", "ranks", "logs", "elastic"
 JOB = "job"
-JOB_FILES = {"script": "job.sbatch", "spec": "job.json", "config": "config.json"}
+JOB_FILES = {"script": "job.sbatch", "spec": "job.json", "config": "config.json",
+             "channel": "channel.json", "keys": "server.key"}
 CONTROLS = ("checkpoint", "stop")  # what the kernel, the server and the parent watch may ask for
 STOP_STATUSES = ("stopped", "pruned")  # the final status a stop may ask for (a sweep prunes)
 STOP_STATUS = "stop_status"  # in control/: written before the stop request it qualifies
