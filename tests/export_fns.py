@@ -109,3 +109,8 @@ def returns_unpicklable(config=None):
     """A training function whose return value cannot be pickled (a lambda)."""
     gpu_lab.report(0, loss=1.0)
     return lambda: "not on disk"
+
+
+def train_where(config=None):
+    """train_tiny, and the network namespace it ran in: another host's, in a namespace test."""
+    return dict(train_tiny(config), netns=os.readlink("/proc/self/ns/net"))
