@@ -28,7 +28,10 @@ def train_tiny(config=None):
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     model, opt = acc.prepare(model, opt)
     g = torch.Generator().manual_seed(acc.process_index)
+    pace = float(os.environ.get("TINY_STEP_SLEEP", "0"))  # a slower step, where a test needs one
     for step in range(_steps(config, 6)):
+        if pace:
+            time.sleep(pace)
         x = torch.randn(16, 8, generator=g)
         loss = model(x).pow(2).mean()
         acc.backward(loss)

@@ -209,6 +209,31 @@ def test_the_checkpoint_signal_without_a_stop_requeues_and_resumes(cluster):
     assert max(m["step"] for m in reg.metrics(run.id, "loss", rank=0)) == cfg.max_steps
 
 
+def test_a_follower_killed_mid_job_is_replaced_and_nothing_is_lost(cluster):
+    """The follower hosts the job's recorder: SIGKILLed while the ranks report, the next
+    ClusterRun that follows the job starts another, which listens on the same port with the same
+    keys; the ranks' sockets reconnect and every report lands."""
+    import signal
+
+    import gpu_lab
+    from gpu_lab.cluster import follow
+
+    steps = 40
+    run = gpu_lab.submit("export_fns:train_tiny",
+                         gpu_lab.TrainConfig(max_steps=steps, num_workers=0, lr=0.01),
+                         ranks_per_node=2, device="cpu", env={"TINY_STEP_SLEEP": "0.1"})
+    assert run.wait_for_step(5, rank=1, timeout=240)
+    pid = json.loads((cluster["home"] / follow.LOCK).read_text())["pid"]
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: not follow.following(cluster["home"]), 30, what="the follower to die")
+    again = gpu_lab.attach(run.id)  # a ClusterRun: it starts the follower again
+    assert again.wait(300) == "succeeded", (again.status, again.reason)
+    reg = Registry()
+    for rank in (0, 1):
+        assert [m["step"] for m in reg.metrics(run.id, "loss", rank=rank)] == list(range(steps))
+    assert not reg.events(run.id, kinds=["dropped"])
+
+
 def test_bad_input_is_refused_before_anything_is_made(gpu_lab_home, monkeypatch):
     import gpu_lab
     from gpu_lab.rank.address import EntryError
