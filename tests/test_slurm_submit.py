@@ -184,6 +184,17 @@ def test_a_job_cancelled_while_pending_is_recorded_by_the_follower(cluster):
     assert run.wait(60) == "stopped"
     assert run.reason == "cancelled in Slurm (scancel, or an administrator)"
     assert Registry().get_run(run.id)["job"]["state"] == "CANCELLED"
+    # the side panel's Stop (the server calls stop_run) withdraws a pending job the same way
+    from gpu_lab.launch import stop_run
+
+    other = gpu_lab.submit("export_fns:train_tiny", gpu_lab.TrainConfig(max_steps=2, num_workers=0),
+                           ranks_per_node=1, device="cpu")
+    wait_until(lambda: other.reason and "Resources" in other.reason, 60, what="Slurm's reason")
+    assert stop_run(other.id) == "stopped"
+    assert other.wait(60) == "stopped" and "withdrawn from Slurm's queue" in other.reason
+    job = wait_until(lambda: (s := other.slurm_state()) and s.state in states.FINAL and s, 60,
+                     what="Slurm's end of the withdrawn job")
+    assert job.state == "CANCELLED"
     gate.touch()
 
 
