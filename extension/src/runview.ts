@@ -585,7 +585,9 @@ export class RunView extends Widget {
  * and reports refused because they could not be recorded, with the reasons. */
 function droppedText(data: Record<string, any>): string {
   const parts: string[] = [];
-  if (Number(data.count) > 0) {
+  if (Number(data.count) > 0 && data.text) {
+    parts.push(String(data.text));  // the recorder said why (a restart, not a flood)
+  } else if (Number(data.count) > 0) {
     parts.push(`dropped ${data.count} report(s): the run reported faster than it could be recorded`);
   }
   if (Number(data.refused) > 0) {

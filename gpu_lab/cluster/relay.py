@@ -101,10 +101,30 @@ class Relay:
         """Close the recorders of runs that ended QUIET_LOOKS looks ago."""
         for rid in [r for r in self.recorders if r not in active]:
             if self.ended.get(rid, 0) >= QUIET_LOOKS:
-                self.recorders.pop(rid).close(quiet=1.0)
+                rec = self.recorders.pop(rid)
+                self._count_undelivered(rid, rec)
+                rec.close(quiet=1.0)
                 self.ended.pop(rid, None)
             else:
                 self.ended[rid] = self.ended.get(rid, 0) + 1
+
+    def _count_undelivered(self, rid: str, rec: Any) -> None:
+        """Events the ranks sent that are not in the record (a follower killed while they were on
+        the way, its recorder with it): counted in a `dropped` note, never lost silently."""
+        row = self.registry.get_run(rid)
+        if not row or not row.get("run_dir"):
+            return
+        rec.flush()
+        sent = RunFolder(row["run_dir"]).sent()
+        have = self.registry.events_by_rank(rid)
+        lost = {r: n - have.get(r, 0) for r, n in sent.items() if n > have.get(r, 0)}
+        if lost:
+            total = sum(lost.values())
+            rec.record([ev.make(rid, -1, ev.DROPPED, {
+                "count": total, "refused": 0, "ranks": {str(r): n for r, n in lost.items()},
+                "text": f"{total} report(s) the job's ranks sent never reached the record: the "
+                        "recorder's process (this host's follower) ended while they were on "
+                        "the way"})])
 
     def close(self) -> None:
         for rec in self.recorders.values():

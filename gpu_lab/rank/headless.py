@@ -242,6 +242,9 @@ def _in_job(fn: Any, config: Any, topo: Topology) -> int:
         _, code, _ = _call(fn, config, topo, folder, reporter)
     finally:
         reporter.close(2.5)
+        # what reached the recorder is in the record; what did not is counted against this
+        # (gpu_lab.cluster.relay): a recorder restarted mid-job loses what was on the way
+        folder.write_sent(topo.rank, reporter.sent)
     return code
 
 

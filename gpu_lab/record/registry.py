@@ -600,6 +600,13 @@ class Registry:
             "kind<>'metric' AND kind=? AND seq<=?",
             (run_id, kind, upto if upto is not None else 2**62)).fetchone()[0]
 
+    def events_by_rank(self, run_id: str) -> dict[int, int]:
+        """How many events each rank (>= 0) of the run has in the record, `dropped` notes aside:
+        what its reporters' `sent` counts compare with."""
+        return dict(self._conn().execute(
+            "SELECT rank, COUNT(*) FROM events WHERE run_id=? AND rank>=0 AND kind<>'dropped' "
+            "GROUP BY rank", (run_id,)).fetchall())
+
     def series(self, run_id: str, points: int, names: Sequence[str] | None = None,
                ranks: Sequence[int] | None = None) -> "_levels.Snapshot":
         """Every metric series of the run (or those named / of those ranks), each at most

@@ -151,6 +151,23 @@ class RunFolder:
     def write_job_file(self, what: str, text: str) -> Path:
         return self._write(self.job_file(what), text.encode())
 
+    def write_sent(self, rank: int, sent: int) -> Path:
+        """A job's rank, at its end: how many events its reporter handed to the channel (one file
+        per process, so that a requeued attempt adds to the first)."""
+        return self._write(self.path / JOB / f"sent-{int(rank)}-{os.getpid()}.json",
+                           json.dumps({"rank": int(rank), "sent": int(sent)}).encode())
+
+    def sent(self) -> dict[int, int]:
+        """Events each rank of a job said it sent, over every process that wrote write_sent."""
+        total: dict[int, int] = {}
+        for p in (self.path / JOB).glob("sent-*.json"):
+            try:
+                d = json.loads(p.read_text())
+                total[int(d["rank"])] = total.get(int(d["rank"]), 0) + int(d["sent"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # half a file of a rank killed while writing: nothing to add
+        return total
+
     def log_file(self, rank: int | None) -> Path:
         """A rank's log (stdout and stderr); rank=None: the supervisor's."""
         return self.logs_dir / (SUPERVISOR_LOG if rank is None else f"rank{int(rank)}.log")
