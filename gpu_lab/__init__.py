@@ -14,6 +14,8 @@ _API = {
     "TrainConfig": "gpu_lab.config",
     "launch": "gpu_lab.launch",
     "Run": "gpu_lab.launch",
+    "submit": "gpu_lab.launch",
+    "ClusterRun": "gpu_lab.launch",
     "attach": "gpu_lab.sweep",  # a run's id or name, or a sweep's id
     "sweep": "gpu_lab.sweep",
     "attach_sweep": "gpu_lab.sweep",
@@ -38,7 +40,7 @@ _API = {
     "SweepView": "gpu_lab.widgets",
 }
 
-_SUBMODULES = ("config", "record", "readers", "telemetry", "train", "data", "diagnostics",
+_SUBMODULES = ("config", "record", "readers", "telemetry", "train", "data", "diagnostics", "cluster",
                "export", "widgets", "models", "tutorial", "cases")
 
 __getattr__, __dir__, __all__ = lazy_api(__name__, _API, submodules=_SUBMODULES,

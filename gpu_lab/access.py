@@ -70,6 +70,12 @@ def private_if_new(path: str | os.PathLike) -> Path:
     return p if p.is_dir() else private_dir(p)
 
 
+def touch_private(path: str | os.PathLike) -> None:
+    """Make the file, owner-only, before another program opens it for appending with its own
+    umask (Slurm's job and rank logs)."""
+    os.close(open_private(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND))
+
+
 def open_private(path: str | os.PathLike, flags: int) -> int:
     """os.open with the run-file mode, set again on the descriptor (the umask may cut it, and an
     existing file keeps its old mode otherwise)."""

@@ -28,7 +28,10 @@ def train_tiny(config=None):
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     model, opt = acc.prepare(model, opt)
     g = torch.Generator().manual_seed(acc.process_index)
+    pace = float(os.environ.get("TINY_STEP_SLEEP", "0"))  # a slower step, where a test needs one
     for step in range(_steps(config, 6)):
+        if pace:
+            time.sleep(pace)
         x = torch.randn(16, 8, generator=g)
         loss = model(x).pow(2).mean()
         acc.backward(loss)
@@ -109,3 +112,8 @@ def returns_unpicklable(config=None):
     """A training function whose return value cannot be pickled (a lambda)."""
     gpu_lab.report(0, loss=1.0)
     return lambda: "not on disk"
+
+
+def train_where(config=None):
+    """train_tiny, and the network namespace it ran in: another host's, in a namespace test."""
+    return dict(train_tiny(config), netns=os.readlink("/proc/self/ns/net"))

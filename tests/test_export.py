@@ -17,7 +17,7 @@ from gpu_lab.config import TrainConfig
 from gpu_lab.export import EntryError, JobSpec, export
 from gpu_lab.record.registry import Registry
 
-import slurm_utils
+from gpu_lab.cluster import sandbox
 from job_utils import TESTS, job_env
 
 @pytest.mark.timeout(600)
@@ -114,7 +114,7 @@ def test_sbatch_script_passes_bash_n_with_signal_requeue_and_resources(tmp_path)
     assert job.command == "sbatch train.sbatch"
 
 
-@pytest.mark.skipif(not slurm_utils.installed(),
+@pytest.mark.skipif(not sandbox.installed(),
                     reason="Slurm is not installed (`make test` installs Debian's slurmctld, slurmd, "
                            "slurm-client and munge)")
 def test_sbatch_test_only_accepts_the_script(tmp_path):
@@ -122,7 +122,7 @@ def test_sbatch_test_only_accepts_the_script(tmp_path):
     generated script: `sbatch --test-only` parses every #SBATCH line and says when it would start."""
     export(TrainConfig(max_steps=10), "export_fns:train_tiny", "slurm", device="cpu",
            nproc_per_node=1, cpus_per_task=1, time_limit="00:05:00", out_dir=tmp_path)
-    with slurm_utils.private_cluster(tmp_path / "slurm") as env:
+    with sandbox.private_cluster(tmp_path / "slurm") as env:
         out = subprocess.run(["sbatch", "--test-only", "train.sbatch"], cwd=tmp_path, env=env,
                              capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -25,7 +25,7 @@ from typing import Callable
 import pytest
 import yaml
 
-import slurm_utils
+from gpu_lab.cluster import sandbox
 from conftest import ROOT
 from gpu_lab.config import TrainConfig
 from gpu_lab.export import export
@@ -445,7 +445,7 @@ def test_the_gpu_lab_process_refuses_a_split_partition_and_quotes_env(bench, tmp
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.skipif(not slurm_utils.installed(),
+@pytest.mark.skipif(not sandbox.installed(),
                     reason="Slurm is not installed (`make test` installs Debian's slurmctld, slurmd, "
                            "slurm-client and munge)")
 def test_real_sbatch_reads_every_directive_of_a_script_with_hostile_env(tmp_path):
@@ -457,7 +457,7 @@ def test_real_sbatch_reads_every_directive_of_a_script_with_hostile_env(tmp_path
               name="hostile-ok", account="proj42", qos="normal", env=env)
     for part in ("debug", "nosuch"):
         export(TrainConfig(), ENTRY, "slurm", partition=part, out_dir=tmp_path / part, **kw)
-    with slurm_utils.private_cluster(tmp_path / "slurm") as senv:
+    with sandbox.private_cluster(tmp_path / "slurm") as senv:
         runs = {part: subprocess.run(["sbatch", "--test-only", "train.sbatch"],
                                      cwd=tmp_path / part, env=senv, capture_output=True,
                                      text=True, timeout=60) for part in ("debug", "nosuch")}

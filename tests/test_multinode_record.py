@@ -32,37 +32,6 @@ print("RESULT " + json.dumps({{"id": run.id, "status": status}}), flush=True)
 """.format(steps=STEPS)
 
 
-def _sh(*cmd: str) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, capture_output=True, text=True)
-
-
-@pytest.fixture
-def namespace():
-    """A network namespace for node 1, joined to this one by a veth pair with 10.x addresses;
-    yields (prefix for commands in it, node 0's address, node 0's interface, node 1's)."""
-    n = os.getpid() % 200 + 20
-    ns, host_if, ns_if = f"gpulab{n}", f"glh{n}", f"gln{n}"
-    made = _sh("ip", "netns", "add", ns)
-    if made.returncode != 0:
-        pytest.skip(f"this machine refuses network namespaces (ip netns add: "
-                    f"{made.stderr.strip()}); the loopback test still runs")
-    steps = [("ip", "link", "add", host_if, "type", "veth", "peer", "name", ns_if),
-             ("ip", "link", "set", ns_if, "netns", ns),
-             ("ip", "addr", "add", f"10.79.{n}.1/24", "dev", host_if),
-             ("ip", "link", "set", host_if, "up"),
-             ("ip", "netns", "exec", ns, "ip", "addr", "add", f"10.79.{n}.2/24", "dev", ns_if),
-             ("ip", "netns", "exec", ns, "ip", "link", "set", ns_if, "up"),
-             ("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")]
-    try:
-        for step in steps:
-            done = _sh(*step)
-            assert done.returncode == 0, (step, done.stderr)
-        yield ["ip", "netns", "exec", ns], f"10.79.{n}.1", host_if, ns_if
-    finally:
-        _sh("ip", "link", "del", host_if)  # removes its peer too
-        _sh("ip", "netns", "del", ns)
-
-
 def _start(k: int, home: Path, addr: str, port: int, prefix: list, iface: str | None,
            backend: str):
     env = job_env(home)

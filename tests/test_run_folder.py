@@ -20,7 +20,7 @@ PKG = Path(__file__).resolve().parents[1] / "gpu_lab"
 HOME = "gpu_lab/record/runfolder.py"
 
 # names that say "run folder" wherever they appear in a string
-FILE_NAMES = re.compile(r"(result\.pkl|status\.json|channel\.key|supervisor\.log"
+FILE_NAMES = re.compile(r"(result\.pkl|status\.json|channel\.key|supervisor\.log|job\.(sbatch|json)"
                         r"|rank(\{\}|\*|<N>|\d+)?\.(json|pid|log|preempted)|\*?\.preempted"
                         r"|(^|/)\*?\.pid$|(^|/)(control|errors|ranks|logs|elastic)/)")
 # names that are run-folder paths only where a path is built from them

@@ -70,9 +70,19 @@ export interface IRun {
   /** The sweep that ran it (gpu_lab.sweep), its trial there (and seed index when a trial has
    *  several), and the last value of the sweep's metric it reported. */
   sweep?: string | null;
+  /** A run that is a scheduler's job (gpu_lab.submit): the job id and the scheduler's view. */
+  job?: IJob | null;
   trial?: number | null;
   trial_seed?: number | null;
   sweep_value?: number | null;
+}
+
+export interface IJob {
+  scheduler: string;
+  id: string | null;
+  state?: string | null;
+  nodes?: string | null;
+  attempt?: number | null;
 }
 
 /** A sweep among the listed runs, summed up from the registry (gpu_lab.server.sweeps). */
@@ -94,9 +104,14 @@ export interface ISweep {
   best_run: string | null;
 }
 
-/** A run's status in words: a queued run says its place ("queued · 2nd"). */
-export function statusText(run: Pick<IRun, 'status' | 'queue_position'>): string {
+/** A run's status in words: a queued run says its place ("queued · 2nd"); a cluster job its
+ *  scheduler and id while it is active ("queued · Slurm job 42"). */
+export function statusText(run: Pick<IRun, 'status' | 'queue_position' | 'job'>): string {
   const n = run.queue_position;
+  if (run.job?.id && isActive(run.status)) {
+    const scheduler = run.job.scheduler === 'slurm' ? 'Slurm' : run.job.scheduler;
+    return `${run.status} · ${scheduler} job ${run.job.id}`;
+  }
   if (run.status !== 'queued' || !n) {
     return run.status;
   }

@@ -153,6 +153,7 @@ class RunCard {
     this._name.title = `${run.id}${run.num_processes ? ` · ${run.num_processes} processes` : ''}` +
       `${run.error ? `\n${run.error}` : ''}`;
     this._status.textContent = statusText(run);
+    this._status.title = run.reason ?? '';  // why it waits (Slurm's reason), why it stopped
     this._status.className = `jp-GpuLab-run-status jp-GpuLab-status-${run.status}`;
     this._step.textContent = run.last_step === null ? '–' : String(run.last_step);
     this._loss.textContent = run.last_loss === null ? '–' : run.last_loss.toPrecision(4);

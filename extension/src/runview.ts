@@ -225,7 +225,15 @@ export class RunView extends Widget {
       this._why.append(el('div', 'jp-GpuLab-rv-resumed',
         `continues run ${row.resumed_from.run ?? '?'} from step ${row.resumed_from.step}`));
     }
-    if (row.reason && !isActive(row.status)) {
+    if (row.job?.id) {
+      const where = row.job.nodes ? ` on ${row.job.nodes}` : '';
+      const attempt = row.job.attempt ? ` · attempt ${row.job.attempt + 1}` : '';
+      this._why.append(el('div', 'jp-GpuLab-rv-job',
+        `${row.job.scheduler === 'slurm' ? 'Slurm' : row.job.scheduler} job ${row.job.id}` +
+        `${row.job.state ? ` (${row.job.state})` : ''}${where}${attempt}`));
+    }
+    // a queued job's reason is the scheduler's (why it waits); an ended run's, why it ended
+    if (row.reason && (!isActive(row.status) || row.status === 'queued')) {
       this._why.append(el('div', 'jp-GpuLab-rv-reason', row.reason));
     }
     const active = isActive(row.status);
@@ -577,7 +585,9 @@ export class RunView extends Widget {
  * and reports refused because they could not be recorded, with the reasons. */
 function droppedText(data: Record<string, any>): string {
   const parts: string[] = [];
-  if (Number(data.count) > 0) {
+  if (Number(data.count) > 0 && data.text) {
+    parts.push(String(data.text));  // the recorder said why (a restart, not a flood)
+  } else if (Number(data.count) > 0) {
     parts.push(`dropped ${data.count} report(s): the run reported faster than it could be recorded`);
   }
   if (Number(data.refused) > 0) {

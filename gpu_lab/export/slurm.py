@@ -36,7 +36,9 @@ def _directive(option: str) -> str:
     return f"#SBATCH {option}"
 
 
-def sbatch_script(spec: JobSpec) -> str:
+def directives(spec: JobSpec, requeue: bool = True, output: str | None = "%x-%j.out") -> list[str]:
+    """The #SBATCH lines (with a comment line above those that need one) for `spec`: the nodes,
+    one task per rank, the time limit, the checkpoint signal before it, and where the log goes."""
     g, n = int(spec.nproc_per_node), spec.num_nodes
     sb: list[tuple[str, str]] = [
         (f"--job-name={spec.name}", ""),
@@ -48,10 +50,12 @@ def sbatch_script(spec: JobSpec) -> str:
     sb += [(f"--cpus-per-task={spec.cpus_per_task}", "DataLoader workers + the main thread"),
            (f"--time={spec.time_limit}", ""),
            (f"--signal=SIGUSR1@{SIGNAL_LEAD_S}",
-            f"{SIGNAL_LEAD_S} s before the time limit: checkpoint, exit {STOP_EXIT_CODE}"),
-           ("--requeue", "the job may be put back in the queue"),
-           ("--open-mode=append", "a requeued run appends to the same log"),
-           ("--output=%x-%j.out", "")]
+            f"{SIGNAL_LEAD_S} s before the time limit: checkpoint, exit {STOP_EXIT_CODE}")]
+    sb += [("--requeue", "the job may be put back in the queue"),
+           ("--open-mode=append", "a requeued run appends to the same log")] if requeue \
+        else [("--no-requeue", "a preempted job ends, it does not come back")]
+    if output:
+        sb.append((f"--output={output}", ""))
     if spec.partition:
         sb.append((f"--partition={spec.partition}", ""))
     if spec.account:
@@ -59,25 +63,35 @@ def sbatch_script(spec: JobSpec) -> str:
     if spec.qos:
         sb.append((f"--qos={spec.qos}", ""))
     # comments on lines of their own: sbatch reads every word after #SBATCH as an option
-    directives = []
+    lines = []
     for option, comment in sb:
         if comment:
-            directives.append(f"# {comment}")
-        directives.append(_directive(option))
+            lines.append(f"# {comment}")
+        lines.append(_directive(option))
+    return lines
+
+
+# Rendezvous for torch.distributed: the job's first node, a port derived from the job id so that
+# two jobs sharing a node do not collide.
+RENDEZVOUS = """\
+export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+export MASTER_PORT=$((29500 + SLURM_JOB_ID % 1000))
+export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}"""
+
+
+def sbatch_script(spec: JobSpec) -> str:
+    g, n = int(spec.nproc_per_node), spec.num_nodes
     env = [shell_join(["export", env_assignment(k, v)]) for k, v in spec.env.items()]
     run = shell_join(["srun", value(spec.python)] + spec.run_entry_args())
     body = f"""#!/bin/bash
 # {spec.name}: {n} node(s) x {g} {'GPU' if spec.device == 'cuda' else 'CPU task'}(s), \
 {spec.entry} (exported by gpu_lab)
-{chr(10).join(directives)}
+{chr(10).join(directives(spec))}
 
 set -u
-# Rendezvous for torch.distributed: the job's first node, a port derived from the job id so that
-# two jobs sharing a node do not collide. gpu_lab.rank.headless maps SLURM_PROCID / SLURM_LOCALID /
-# SLURM_STEP_NUM_TASKS / SLURM_NODEID to RANK / LOCAL_RANK / WORLD_SIZE / GROUP_RANK.
-export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-export MASTER_PORT=$((29500 + SLURM_JOB_ID % 1000))
-export OMP_NUM_THREADS=${{SLURM_CPUS_PER_TASK:-1}}
+# gpu_lab.rank.headless maps SLURM_PROCID / SLURM_LOCALID / SLURM_STEP_NUM_TASKS / SLURM_NODEID to
+# RANK / LOCAL_RANK / WORLD_SIZE / GROUP_RANK.
+{RENDEZVOUS}
 # The run registry is SQLite (WAL): keep GPU_LAB_HOME on a local disk, not NFS, on multi-node jobs.
 {chr(10).join(env)}
 echo "gpu_lab: job $SLURM_JOB_ID attempt ${{SLURM_RESTART_COUNT:-0}} on $SLURM_JOB_NODELIST, master $MASTER_ADDR:$MASTER_PORT"

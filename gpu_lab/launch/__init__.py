@@ -10,10 +10,11 @@ import types as _types
 from .launcher import launch, stop_all_runs, stop_run
 from .checks import PreflightError, free_port, preflight
 from .run import Run, RunFailedError, attach
+from .submit import ClusterRun, submit
 from ..failures.triage import RankFailure, RunError
 from ..rank.accelerator import accelerator, control_requested
 
-__all__ = ["launch", "stop_run", "stop_all_runs", "attach", "Run", "RunFailedError", "RunError", "RankFailure", "preflight",
+__all__ = ["launch", "submit", "ClusterRun", "stop_run", "stop_all_runs", "attach", "Run", "RunFailedError", "RunError", "RankFailure", "preflight",
            "PreflightError", "free_port", "accelerator", "control_requested"]
 
 

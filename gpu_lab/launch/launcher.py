@@ -351,6 +351,9 @@ def stop_run(run_id: str, grace: float = 5.0, registry: Registry | None = None,
             return run.stop(grace=grace, reason=reason)
     if row["status"] not in ACTIVE_STATUSES:
         return row["status"]
+    if row.get("job"):  # a Slurm job: the checkpoint signal through scancel, not a kill here
+        Run._from_row(row, reg).request_stop(reason)  # a ClusterRun (gpu_lab.launch.submit)
+        return reg.get_run(run_id)["status"]
     reg.set_status(run_id, "stopping")
     if row.get("pid"):
         terminate_tree(int(row["pid"]), Path(row["run_dir"]) if row.get("run_dir") else None,

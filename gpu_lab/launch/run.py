@@ -43,6 +43,8 @@ class Run:
     # the launch function, for resume(): set by gpu_lab.launch.launcher, which makes Run handles
     # (the handle never imports its launcher)
     _launch: Callable[..., "Run"] | None = None
+    # the handle of a run that is a scheduler's job (a row with `job`): set by gpu_lab.launch.submit
+    _job_handle: type["Run"] | None = None
 
     def __init__(self, run_id: str, name: str, run_dir: Path, num_processes: int,
                  registry: Registry, config: Any = None, port: int | None = None,
@@ -89,6 +91,8 @@ class Run:
 
     @classmethod
     def _from_row(cls, row: dict, registry: Registry) -> "Run":
+        if cls is Run and row.get("job") and Run._job_handle is not None:
+            cls = Run._job_handle
         cfg = row.get("config") or None
         if cfg:
             from ..config import TrainConfig
@@ -286,6 +290,8 @@ class Run:
                 self.queue_position = pos if st == "queued" and type(pos) is int else None
             if data.get("reason") and isinstance(data["reason"], str):
                 self.reason = data["reason"]
+            elif st == "running":  # why it waited is over
+                self.reason = None
         elif kind == ev.DROPPED:
             count = data.get("count", 0)
             if type(count) is int:

@@ -146,6 +146,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--run-id", help="registry id of the run (default: derived from the launcher; "
                                     "slurm-<job id> under Slurm)")
     p.add_argument("--name", help="run name shown in the registry (default: the function's name)")
+    p.add_argument("--in-job", action="store_true",
+                   help="a rank of a submitted run (gpu_lab.submit): report to the job's recorder "
+                        "(GPU_LAB_EVENTS, GPU_LAB_EVENTS_KEY), which owns the run's record")
     return p.parse_args(argv)
 
 
@@ -181,6 +184,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ..record.registry import Registry
     from ..record.runfolder import RunFolder
 
+    if args.in_job:
+        return _in_job(fn, config, topo)
     registry = Registry()
     # the same folder on every local rank, and after a requeue
     folder = RunFolder.of(run_id).create(fresh=False)
@@ -215,6 +220,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gpu_lab.rank.headless: rank {topo.rank}: {lost} event(s) could not be written to "
               f"{registry.path} ({recorder.write_errors} failed write(s))", file=sys.stderr,
               flush=True)
+    return code
+
+
+def _in_job(fn: Any, config: Any, topo: Topology) -> int:
+    """A rank of a submitted run: its job's supervisor owns the record (row, recorder, end) and
+    handed this rank the channel in its environment; the rank leaves its result or its error in
+    the run folder and exits with its code, which srun passes on."""
+    from ..record import events as ev
+    from ..record import reporter as rep
+    from ..record.runfolder import RunFolder
+
+    folder = RunFolder.from_env()
+    if folder is None or not os.environ.get(ev.ENV_ADDRESS):
+        print(f"gpu_lab.rank.headless: --in-job needs {ev.ENV_ADDRESS} and {ev.ENV_RUN_DIR}, "
+              "which the job's supervisor (gpu_lab.cluster.job) sets", file=sys.stderr, flush=True)
+        return outcome.EXIT_USAGE
+    rep.reset_reporter()
+    reporter = rep.get_reporter()
+    try:
+        _, code, _ = _call(fn, config, topo, folder, reporter)
+    finally:
+        reporter.close(2.5)
+        # what reached the recorder is in the record; what did not is counted against this
+        # (gpu_lab.cluster.relay): a recorder restarted mid-job loses what was on the way
+        folder.write_sent(topo.rank, reporter.sent)
     return code
 
 

@@ -42,7 +42,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from . import events as ev
 from .channel import ClientKey, Gate, RunKeys
@@ -53,11 +53,14 @@ log = logging.getLogger(__name__)
 class Recorder:
     def __init__(self, registry: Any, run_id: str, *, publish: bool = True,
                  interval: float = 0.1, max_pending: int = 50_000, keys: RunKeys | None = None,
-                 private: bool = True, host: str = "127.0.0.1") -> None:
+                 private: bool = True, host: str = "127.0.0.1", port: int | None = None,
+                 on_written: Callable[[list], None] | None = None) -> None:
         """keys: the run's channel keys (gpu_lab.record.channel); by default a fresh pair, whose
         client key (`client_key`) the ranks and readers must hold. private=False: no CURVE, any
         local process can write and read (only for measuring what the privacy costs).
-        host: the interface both sockets bind on; loopback unless other hosts must reach it."""
+        host: the interface both sockets bind on; loopback unless other hosts must reach it.
+        port: the ranks' socket's port (a restarted recorder listens where the ranks send);
+        None: a free one. on_written(events): called on the recorder's thread after each write."""
         import zmq
 
         self.registry = registry
@@ -65,6 +68,8 @@ class Recorder:
         self.interval = interval
         self.max_pending = max_pending
         self.host = host
+        self.port = port
+        self.on_written = on_written
         self._zmq = zmq
         self._ctx = zmq.Context()
         self.keys = (keys or RunKeys.new()) if private else None
@@ -108,7 +113,10 @@ class Recorder:
             sock.setsockopt(self._zmq.MAXMSGSIZE, ev.MAX_MESSAGE)
         if self._gate is not None:
             self._gate.secure(sock)
-        sock.bind_to_random_port(f"tcp://{self.host}")
+        if kind == self._zmq.PULL and self.port:
+            sock.bind(f"tcp://{self.host}:{self.port}")
+        else:
+            sock.bind_to_random_port(f"tcp://{self.host}")
         return sock
 
     def admit(self, public: str) -> None:
@@ -306,6 +314,8 @@ class Recorder:
         with self._flushed:
             self.written += len(batch)
             self._flushed.notify_all()
+        if self.on_written is not None:
+            self.on_written(batch)
 
     def close(self, end: dict | None = None, quiet: float = 0.2, timeout: float = 10.0) -> None:
         """Take what the ranks still send (until `quiet` s pass without a message), write and

@@ -88,12 +88,13 @@ CREATE TABLE IF NOT EXISTS checkpoints (
 _ADDED = (("reason", "TEXT"), ("detach", "INTEGER DEFAULT 0"), ("events_address", "TEXT"),
           ("entry", "TEXT"), ("resumed_from", "TEXT"), ("last_step", "INTEGER"),
           ("summary", "TEXT"), ("devices", "TEXT"), ("priority", "INTEGER DEFAULT 0"),
-          ("queue_position", "INTEGER"), ("part_of", "TEXT"), ("sweep", "TEXT"))
+          ("queue_position", "INTEGER"), ("part_of", "TEXT"), ("sweep", "TEXT"),
+          ("job", "TEXT"))
 
 _COLUMNS = ("id", "name", "status", "config", "num_processes", "num_nodes", "node_rank", "host",
             "pid", "pgid", "pid_started", "started", "ended", "notebook", "output_dir", "run_dir",
             "error", "kind") + tuple(name for name, _ in _ADDED)
-_JSON_COLUMNS = ("config", "resumed_from", "summary", "devices", "part_of")
+_JSON_COLUMNS = ("config", "resumed_from", "summary", "devices", "part_of", "job")
 
 
 # Stored in the database's user_version once its schema is in place: an existing file whose
@@ -599,6 +600,13 @@ class Registry:
             "kind<>'metric' AND kind=? AND seq<=?",
             (run_id, kind, upto if upto is not None else 2**62)).fetchone()[0]
 
+    def events_by_rank(self, run_id: str) -> dict[int, int]:
+        """How many events each rank (>= 0) of the run has in the record, `dropped` notes aside:
+        what its reporters' `sent` counts compare with."""
+        return dict(self._conn().execute(
+            "SELECT rank, COUNT(*) FROM events WHERE run_id=? AND rank>=0 AND kind<>'dropped' "
+            "GROUP BY rank", (run_id,)).fetchall())
+
     def series(self, run_id: str, points: int, names: Sequence[str] | None = None,
                ranks: Sequence[int] | None = None) -> "_levels.Snapshot":
         """Every metric series of the run (or those named / of those ranks), each at most
@@ -676,7 +684,9 @@ class Registry:
     def _as_read(self, row: dict) -> dict:
         """The row as a reader sees it: an active run of this host whose supervisor is gone reads
         as lost, with the reason and error persist_lost would record (nothing is written)."""
-        if row["status"] in ACTIVE and row.get("host") == socket.gethostname():
+        # a scheduler's job (a `job` row) has no supervisor here: the scheduler says how it ends
+        if row["status"] in ACTIVE and row.get("host") == socket.gethostname() \
+                and not row.get("job"):
             verdict = _lost_verdict(row)
             if verdict is not None:
                 row.update(verdict, status="lost", ended=row.get("ended") or time.time())
@@ -688,8 +698,8 @@ class Registry:
         if self.read_only is not None:
             return 0
         rows = self._conn().execute(
-            f"SELECT id, pid, pid_started, started FROM runs WHERE host=? AND status IN "
-            f"({','.join('?' * len(ACTIVE))})", (socket.gethostname(), *ACTIVE)).fetchall()
+            f"SELECT id, pid, pid_started, started FROM runs WHERE host=? AND job IS NULL AND "
+            f"status IN ({','.join('?' * len(ACTIVE))})", (socket.gethostname(), *ACTIVE)).fetchall()
         changed = 0
         for r in rows:
             verdict = _lost_verdict(dict(r))

@@ -11,6 +11,11 @@ ranks and the server talk about one run. This module is the only one that names 
     ranks/rank<r>.preempted   a rank that checkpointed and exited with the stop exit code
     logs/rank<r>.log          each rank's stdout and stderr; logs/supervisor.log the supervisor's
     elastic/                  torch elastic's temp folder for this run
+    job/                      a submitted run's batch job (gpu_lab.submit): job.sbatch, the
+                              script sbatch got; job.json, what its supervisor runs;
+                              config.json, the ranks' TrainConfig; channel.json, where its
+                              recorder (in the registry's follower) listens; server.key, that
+                              recorder's keys, so a restarted follower listens as before
 
 Contract: every file written here is written atomically (a temp file in the same folder, fsync,
 rename: a reader never sees half a file) and is the owner's only, as is every folder made here
@@ -34,6 +39,9 @@ STATUS = "status.json"
 RESULT = "result.pkl"
 NOTIFY = "notify.json"  # a launched run's notice URLs, until its end notice is sent
 CONTROL, ERRORS, RANKS, LOGS, ELASTIC = "control", "errors", "ranks", "logs", "elastic"
+JOB = "job"
+JOB_FILES = {"script": "job.sbatch", "spec": "job.json", "config": "config.json",
+             "channel": "channel.json", "keys": "server.key"}
 CONTROLS = ("checkpoint", "stop")  # what the kernel, the server and the parent watch may ask for
 STOP_STATUSES = ("stopped", "pruned")  # the final status a stop may ask for (a sweep prunes)
 STOP_STATUS = "stop_status"  # in control/: written before the stop request it qualifies
@@ -134,9 +142,39 @@ class RunFolder:
     def control_dir(self) -> Path:
         return self.path / CONTROL
 
+    def job_file(self, what: str) -> Path:
+        """A submitted run's batch job file: "script", "spec" or "config" (JOB_FILES)."""
+        if what not in JOB_FILES:
+            raise ValueError(f"job file: got {what!r}; accepted: {', '.join(map(repr, JOB_FILES))}")
+        return self.path / JOB / JOB_FILES[what]
+
+    def write_job_file(self, what: str, text: str) -> Path:
+        return self._write(self.job_file(what), text.encode())
+
+    def write_sent(self, rank: int, sent: int) -> Path:
+        """A job's rank, at its end: how many events its reporter handed to the channel (one file
+        per process, so that a requeued attempt adds to the first)."""
+        return self._write(self.path / JOB / f"sent-{int(rank)}-{os.getpid()}.json",
+                           json.dumps({"rank": int(rank), "sent": int(sent)}).encode())
+
+    def sent(self) -> dict[int, int]:
+        """Events each rank of a job said it sent, over every process that wrote write_sent."""
+        total: dict[int, int] = {}
+        for p in (self.path / JOB).glob("sent-*.json"):
+            try:
+                d = json.loads(p.read_text())
+                total[int(d["rank"])] = total.get(int(d["rank"]), 0) + int(d["sent"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # half a file of a rank killed while writing: nothing to add
+        return total
+
     def log_file(self, rank: int | None) -> Path:
         """A rank's log (stdout and stderr); rank=None: the supervisor's."""
         return self.logs_dir / (SUPERVISOR_LOG if rank is None else f"rank{int(rank)}.log")
+
+    def slurm_log_pattern(self) -> Path:
+        """srun's --output for the ranks' logs: "%t" is the task id, which is the rank."""
+        return self.logs_dir / "rank%t.log"
 
     def log_path(self, name: str) -> Path:
         """The log file a client names (checked: rank<N>.log or supervisor.log)."""
@@ -239,6 +277,13 @@ class RunFolder:
             return "stopped by the user"
         except ValueError:
             return text
+
+    def stop_requested_at(self) -> float | None:
+        """When the stop was requested (the request's time), or None."""
+        try:
+            return self.control_file("stop").stat().st_mtime
+        except OSError:
+            return None
 
     def read_status(self) -> dict | None:
         try:

@@ -265,16 +265,14 @@ def _batches_to(loader, device) -> None:
 def _resume(setup: _Setup, state: TrainState, progress: _Progress) -> str | None:
     """Restore a checkpoint into the prepared objects and the position; returns its path or None.
 
-    On purpose (resume_from, set by launch(..., resume=...)), or from this output folder's newest
-    complete checkpoint (resume: what a requeued batch job needs). Either way the checkpoint's
-    config must fit this one, checked before anything is loaded."""
+    From this output folder's newest complete checkpoint (resume: what a requeued batch job
+    needs, and it is newer than any other), else on purpose (resume_from, set by launch(...,
+    resume=...)). Either way the checkpoint's config must fit this one, checked before anything
+    is loaded."""
     acc, cfg, ckpts = setup.acc, setup.cfg, checkpoint_dir(state.output_dir)
-    if cfg.resume_from:
+    info = _agreed_checkpoint(acc, lambda: latest_checkpoint(ckpts)) if cfg.resume else None
+    if info is None and cfg.resume_from:
         info = _agreed_checkpoint(acc, lambda: find_checkpoint(cfg.resume_from))
-    elif cfg.resume:
-        info = _agreed_checkpoint(acc, lambda: latest_checkpoint(ckpts))
-    else:
-        info = None
     if info is None:
         return None
     check_compatible(info, cfg)
