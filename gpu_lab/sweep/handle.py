@@ -197,7 +197,11 @@ class Sweep:
         from .driver import _alive
 
         pid = attrs.get("driver_pid")  # set by whoever started the driver, before it runs
-        return "running" if pid is not None and _alive(int(pid), None) else "lost"
+        if pid is None:  # the study is made, its driver not yet started: by the sweep's kernel
+            kernel = self.spec.get("kernel") or {}
+            return "running" if kernel.get("pid") and _alive(int(kernel["pid"]),
+                                                             kernel.get("started")) else "lost"
+        return "running" if _alive(int(pid), None) else "lost"
 
     @property
     def done(self) -> bool:
