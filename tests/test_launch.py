@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 import types
 from pathlib import Path
 
@@ -287,3 +288,25 @@ def test_a_run_never_finalizes_the_kernels_garbage(tmp_path):
     assert run.wait(120) == "succeeded", run.logs(None)
     gc.collect()
     assert marks.read_text().split() == [str(os.getpid())] * 2
+
+
+def test_a_launch_waits_for_a_kernel_thread_that_imports():
+    """A thread importing at the fork leaves its modules' import locks held in the run, which
+    then hangs on its first import of one of them (a sweep's opening imports Optuna while the
+    next cell may launch): the launch lets such a thread finish first."""
+    import threading
+
+    from gpu_lab.launch.launcher import IMPORTING
+
+    started = threading.Event()
+
+    def importing():
+        started.set()
+        time.sleep(1.0)  # as long as a first `import optuna`
+
+    t = threading.Thread(target=importing, name=IMPORTING + "test")
+    t.start()
+    started.wait()
+    run = gpu_lab.launch(launch_fns.collects_garbage, num_processes=1)
+    assert not t.is_alive()
+    assert run.wait(120) == "succeeded", run.logs(None)

@@ -184,10 +184,18 @@ def _start_supervisor(run: Run, spec: Spec, registry: Registry) -> None:
     _wait_joined(heard, run)
 
 
+IMPORTING = "gpu_lab-importing-"  # the name of a kernel thread that imports (a sweep's opening)
+
+
 def _fork() -> int:
     """os.fork(), the child never collecting the kernel's objects: the kernel's garbage may hold
     SQLite connections, and finalizing one takes SQLite's allocator lock, which another kernel
-    thread may have held at the fork (the child then hangs for good). Its own objects it collects."""
+    thread may have held at the fork (the child then hangs for good). Its own objects it collects.
+    A thread still importing would leave its modules' import locks held in the child, which hangs
+    importing one of them: gpu_lab's such threads finish first (a second or two)."""
+    for t in threading.enumerate():
+        if t.name.startswith(IMPORTING) and t is not threading.current_thread():
+            t.join(60)
     collecting = gc.isenabled()
     gc.disable()  # no collection between the fork and the child's freeze
     try:

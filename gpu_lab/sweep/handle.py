@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from ..launch.launcher import IMPORTING
 from . import space as sp
 from . import study as st
 
@@ -82,7 +83,7 @@ def sweep(fn: Callable, base_cfg: Any, space: Mapping[str, Any], *, trials: int 
     st.spec_path(sweep_id).write_text(json.dumps(spec, indent=1))
     handle = Sweep(spec)
     # not a daemon: a script that ends at once still creates the study and starts the driver
-    handle._opening = threading.Thread(target=handle._open, name=f"gpu_lab-sweep-open-{sweep_id}")
+    handle._opening = threading.Thread(target=handle._open, name=f"{IMPORTING}sweep-open-{sweep_id}")
     handle._opening.start()
     return handle
 
