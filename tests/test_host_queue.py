@@ -147,9 +147,9 @@ try:
 except DevicesBusy as e:
     print(json.dumps({"refused": str(e)}))
 run = gpu_lab.launch(quick, num_processes=2, name="patient")
+table = gpu_lab.queue()  # launch() has returned: the run has its place in the queue
 while run.status != "queued":
     run.wait(0.05)
-table = gpu_lab.queue()
 import pandas as pd
 rows = [[n, s, None if pd.isna(p) else int(p)]
         for n, s, p in table[["name", "state", "position"]].values.tolist()]

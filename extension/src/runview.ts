@@ -428,14 +428,18 @@ export class RunView extends Widget {
     for (const [file, buf] of this.model.logs) {
       let pane = this._logPaneByFile.get(file);
       if (!pane) {
-        const tab = this._button(file, 'jp-GpuLab-rv-logtab', `Show ${file}`, () => this._showLog(file));
+        const tab = this._button(file, 'jp-GpuLab-rv-logtab', `Show ${file}`, () => {
+          this._logChosen = true;
+          this._showLog(file);
+        });
         tab.dataset.file = file;
         this._logTabs.append(tab);
         pane = el('pre', 'jp-GpuLab-rv-log');
         pane.dataset.file = file;
         this._logPanes.append(pane);
         this._logPaneByFile.set(file, pane);
-        if (!this._shownLog) {
+        // rank 0's log first, whichever file arrived first, until the user picks a tab
+        if (!this._shownLog || (!this._logChosen && file === 'rank0.log')) {
           this._showLog(file);
         } else {
           pane.style.display = 'none';
@@ -452,6 +456,8 @@ export class RunView extends Widget {
       }
     }
   }
+
+  private _logChosen = false;
 
   private _showLog(file: string): void {
     this._shownLog = file;

@@ -12,14 +12,16 @@ from .claims import DevicesBusy, wait_for_devices
 def try_devices(spec: Any) -> tuple[Any, BaseException | None]:
     """(the run's devices if they are free now, else None; why it may not wait for them): it will
     wait its turn, or, with queue=False, fail naming who holds them. The kernel's launch() hears
-    which."""
+    which; of a run that waits, once it has its place (wait_turn)."""
     joined = _Joined(spec.joined_fd)
     try:
         claim = wait_for_devices(_request(spec), spec.run_id, spec.priority, queue=False,
                                  key=_key(spec), kind=_kind(spec), submitted=spec.submitted)
     except DevicesBusy as exc:
-        joined.say(b"q" if spec.queue else b"b" + str(exc).encode()[:3000])
-        return None, None if spec.queue else exc
+        if spec.queue:  # the kernel hears once the run has its ticket (wait_turn)
+            return None, None
+        joined.say(b"b" + str(exc).encode()[:3000])
+        return None, exc
     except Exception as exc:  # noqa: BLE001 - a claims folder it may not use, say
         joined.say(b"e" + f"{type(exc).__name__}: {exc}".encode()[:3000])
         return None, exc
@@ -35,10 +37,16 @@ def wait_turn(spec: Any, recorder: Any, claim: Any) -> Any:
 
     parent = os.getppid()
     if claim is None:
+        joined = _Joined(spec.joined_fd)
+
+        def placed(n: int) -> None:
+            rec.queued(recorder, n)
+            joined.say(b"q")  # once: gpu_lab.queue() in the kernel now lists the run
+
         claim = wait_for_devices(_request(spec), spec.run_id, spec.priority, key=_key(spec),
-                                 kind=_kind(spec), submitted=spec.submitted,
-                                 on_position=lambda n: rec.queued(recorder, n),
+                                 kind=_kind(spec), submitted=spec.submitted, on_position=placed,
                                  cancelled=lambda: not spec.detach and os.getppid() != parent)
+        joined.say(b"q")  # the devices were free by then: no wait, and a start
     rec.started(recorder, claim.as_record())
     return claim
 
