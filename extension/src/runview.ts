@@ -55,6 +55,15 @@ function clock(t: number): string {
   return new Date(t * 1000).toLocaleTimeString();
 }
 
+/** Log files by rank (rank0.log, rank1.log, …, rank10.log), then the others by name. */
+function logOrder(a: string, b: string): number {
+  const rank = (f: string): number => {
+    const m = /^rank(\d+)\.log$/.exec(f);
+    return m ? Number(m[1]) : Number.POSITIVE_INFINITY;
+  };
+  return rank(a) - rank(b) || a.localeCompare(b);
+}
+
 export class RunView extends Widget {
   constructor(model: RunViewModel, actions: IRunViewActions) {
     super();
@@ -433,7 +442,11 @@ export class RunView extends Widget {
           this._showLog(file);
         });
         tab.dataset.file = file;
-        this._logTabs.append(tab);
+        // a stable order, whichever file arrived first: rank0.log, rank1.log, …, then the others
+        const next = Array.from(this._logTabs.children).find(
+          t => logOrder(file, (t as HTMLElement).dataset.file ?? '') < 0
+        );
+        this._logTabs.insertBefore(tab, next ?? null);
         pane = el('pre', 'jp-GpuLab-rv-log');
         pane.dataset.file = file;
         this._logPanes.append(pane);
