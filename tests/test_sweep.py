@@ -108,6 +108,9 @@ def test_twelve_trials_two_at_a_time_with_asha(host):
     study = optuna.load_study(study_name=sw.id, storage=f"sqlite:///{host}/home/sweeps.db")
     states = [t.state for t in study.trials]
     assert len(states) == 12
+    # the kernel drew the first two, the driver the rest with the same sampler, not a new one
+    # seeded alike (which would draw the first two again)
+    assert len({tuple(sorted(t.params.items())) for t in study.trials}) == 12, study.trials
     assert all(s in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
                for s in states), states
     reg = Registry()
@@ -237,6 +240,40 @@ def test_seeds_make_one_trial_of_several_runs_valued_by_their_mean(host):
     assert row["value"] == pytest.approx(sum(lasts) / 2)
     with pytest.raises(ValueError, match="'seed' with seeds>1"):
         gpu_lab.sweep(gpu_lab.train_classifier, cfg, {"seed": [1, 2]}, seeds=2)
+
+
+DIES_BEFORE_HANDING_OVER = """
+import os, signal, sys, gpu_lab
+sys.path.insert(0, {tests!r})
+from test_sweep import tiny, SPACE
+from pathlib import Path
+from gpu_lab.sweep.handle import Sweep
+# killed as a kernel can be, after it asked for the first trials, before the driver had them
+Sweep._hand_over = staticmethod(lambda proc, what: os.kill(os.getpid(), signal.SIGKILL))
+sw = gpu_lab.sweep(gpu_lab.train_classifier, tiny(Path({tmp!r})), SPACE, trials=3, parallel=2,
+                   detach=True, pruner=None, sampler="random", sampler_seed=0)
+print(sw.id, flush=True)
+sw._opening.join()
+"""
+
+
+@pytest.mark.timeout(600)
+def test_trials_a_dying_kernel_asked_for_are_run_by_the_driver(host):
+    """The kernel asks for the first trials while the driver imports torch, then hands them over;
+    killed in between, the driver reads nothing and runs those trials itself, with their params,
+    and draws the rest past them."""
+    kernel = _python(DIES_BEFORE_HANDING_OVER.format(tests=str(ROOT / "tests"), tmp=str(host)))
+    sweep_id = kernel.stdout.readline().strip()
+    assert kernel.wait(60) == -signal.SIGKILL
+    sw = gpu_lab.attach_sweep(sweep_id)
+    asked = [dict(t.params) for t in sw.study.trials]
+    assert len(asked) == 2, asked  # asked by the kernel, never handed over
+    assert sw.wait(timeout=400) == "finished", sw.trials
+    rows = sw.trials
+    assert [r["status"] for r in rows] == ["complete"] * 3, rows
+    assert [r["params"] for r in rows[:2]] == asked
+    assert rows[2]["params"] not in asked
+    assert len([r for r in Registry().list_runs() if r.get("sweep") == sweep_id]) == 3
 
 
 UNDETACHED = KERNEL.replace("detach=True", "detach=False")

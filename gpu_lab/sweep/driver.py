@@ -1,7 +1,9 @@
 """The sweep's driver: `python -m gpu_lab.sweep.driver <sweep id>`, a fresh interpreter started by
 gpu_lab.sweep() (never a fork of the kernel: a forked kernel cannot safely write SQLite).
 
-It asks Optuna for trials, `parallel` at a time; each trial is `seeds` gpu_lab.launch runs (one per
+It imports torch first, then reads on stdin the first trials the kernel asked for meanwhile (and
+the sampler that drew them) and launches them, before it opens Optuna's storage itself. It asks
+Optuna for the next trials, `parallel` at a time; each trial is `seeds` gpu_lab.launch runs (one per
 seed, each with its own record, checkpoints and place in the host queue), tagged with the sweep in
 the registry (column `sweep`). It reads the trials' metric from their records as it arrives,
 reports the mean over seeds to Optuna at every step all seeds have reached, and prunes when the
@@ -12,8 +14,10 @@ request (the sweep folder's stop_requested file) or, unless detached, when the l
 """
 from __future__ import annotations
 
+import base64
 import json
 import os
+import pickle
 import sys
 import threading
 import traceback
@@ -36,9 +40,11 @@ class TrialRuns:
 
 
 class Driver:
-    def __init__(self, spec: dict) -> None:
-        import optuna
+    """handed: what the sweep's kernel sent on stdin, the trials it asked (numbers, ids, params)
+    and its sampler, pickled, to go on drawing from; their runs are launched before the storage is
+    opened here (SQLAlchemy, Alembic: about a second)."""
 
+    def __init__(self, spec: dict, handed: dict | None = None) -> None:
         from ..config import TrainConfig
         from ..rank.address import resolve_entry
         from ..record.registry import Registry
@@ -50,32 +56,53 @@ class Driver:
         self.space = sp.from_json(spec["space"])
         self.registry = Registry()
         self._read: dict[str, tuple[int, list]] = {}  # run id -> (last seq read, its points)
-        self.study = optuna.load_study(  # the sampler and pruner are not in the storage
-            study_name=self.id, storage=st.storage_of(spec["storage"]),
-            sampler=st.sampler(spec["sampler"], sp.grid(self.space) if spec["sampler"] == "grid"
-                               else None, spec.get("sampler_seed")),
-            pruner=st.pruner(spec["pruner"]))
         self.maximize = spec["direction"] == "maximize"
         self.active: dict[int, TrialRuns] = {}
         self._wake = threading.Event()  # set when a trial's run ends
+        first = [(t, self._launch_runs(t["number"], t["params"]))
+                 for t in (handed or {}).get("trials", [])]
+
+        import optuna
+
+        storage = st.storage_of(spec["storage"])
+        if handed:
+            sampler = pickle.loads(base64.b64decode(handed["sampler"]))
+        else:  # a seeded sampler made again would draw the trials already drawn: seed it past them
+            seed = spec.get("sampler_seed")
+            if seed is not None:
+                seed += len(optuna.load_study(study_name=self.id, storage=storage).trials)
+            sampler = st.sampler(spec["sampler"], sp.grid(self.space) if spec["sampler"] == "grid"
+                                 else None, seed)
+        self.study = optuna.load_study(  # the sampler and pruner are not in the storage
+            study_name=self.id, storage=storage, sampler=sampler, pruner=st.pruner(spec["pruner"]))
+        for t, runs in first:
+            trial = optuna.trial.Trial(self.study, t["id"])
+            trial.set_user_attr("runs", [r.id for r in runs])
+            self.active[t["number"]] = TrialRuns(trial, runs, t["params"])
         self.asked = len(self.study.trials)
         self._adopt()
 
     def _adopt(self) -> None:
-        """A resumed sweep: the trials its dead driver left running are followed again (their
-        runs, detached, went on); one that never got its runs failed."""
+        """The trials left running by a dead driver (a resumed sweep) are followed again: their
+        runs, detached, went on. A trial asked that never got its runs (its driver, or the kernel
+        that asked it, died first) gets them now, with the params it was given."""
         import optuna
 
         from ..launch import attach
 
         for t in self.study.get_trials(deepcopy=False,
                                        states=(optuna.trial.TrialState.RUNNING,)):
-            ids = t.user_attrs.get("runs")
-            if not ids or len(ids) < self.spec["seeds"]:
-                self.study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+            if t.number in self.active:  # handed over by the kernel and launched here
                 continue
-            tr = TrialRuns(optuna.trial.Trial(self.study, t._trial_id), [attach(i) for i in ids],
-                           dict(t.params))
+            trial = optuna.trial.Trial(self.study, t._trial_id)
+            ids = t.user_attrs.get("runs")
+            if not ids:
+                params = sp.suggest(trial, self.space)  # what it was given (a field it lacks: drawn)
+                runs = self._launch_runs(t.number, params)
+                trial.set_user_attr("runs", [r.id for r in runs])
+                self.active[t.number] = TrialRuns(trial, runs, params)
+                continue
+            tr = TrialRuns(trial, [attach(i) for i in ids], dict(t.params))
             for run in tr.runs:
                 self._watch(run)
             tr.reported = max(t.intermediate_values, default=-1)
@@ -98,12 +125,15 @@ class Driver:
             if why:
                 self._stop_all(why)
                 return "stopped"
-            while len(self.active) < self.spec["parallel"] and self.asked < self.spec["trials"]:
-                self._start_trial()
+            # the trials that ended leave first: their slots go to the next trials in this same
+            # pass, not after the next wait (the end that woke this pass is cleared already)
             for number, tr in list(self.active.items()):
                 if self._follow(tr):
                     del self.active[number]
-            self._wake.wait(POLL)
+            while len(self.active) < self.spec["parallel"] and self.asked < self.spec["trials"]:
+                self._start_trial()
+            if self.active or self.asked < self.spec["trials"]:
+                self._wake.wait(POLL)
         return "finished"
 
     def _why_stop(self) -> str | None:
@@ -115,16 +145,22 @@ class Driver:
         return None
 
     def _start_trial(self) -> None:
-        from .. import launch
-
         trial = self.study.ask()
         self.asked += 1
         params = sp.suggest(trial, self.space)
+        runs = self._launch_runs(trial.number, params)
+        trial.set_user_attr("runs", [r.id for r in runs])
+        self.active[trial.number] = TrialRuns(trial, runs, params)
+
+    def _launch_runs(self, number: int, params: dict) -> list:
+        """A trial's runs, one per seed, launched into the host queue and tagged with the sweep."""
+        from .. import launch
+
         runs = []
         for i in range(self.spec["seeds"]):
             cfg = self.base.replace(**params, **({"seed": self.base.seed + i}
                                                  if self.spec["seeds"] > 1 else {}))
-            name = st.run_name(self.id, trial.number, i if self.spec["seeds"] > 1 else None)
+            name = st.run_name(self.id, number, i if self.spec["seeds"] > 1 else None)
             gpus = self.spec["gpus_per_trial"]
             on_gpu = self.spec["device"] == "cuda"
             run = launch(self.fn, cfg, name=name, detach=self.spec["detach"],  # a rank per device
@@ -132,9 +168,8 @@ class Driver:
             self.registry.update(run.id, sweep=self.id)
             self._watch(run)
             runs.append(run)
-        trial.set_user_attr("runs", [r.id for r in runs])
-        print(f"trial {trial.number}: {params} -> {[r.id for r in runs]}", flush=True)
-        self.active[trial.number] = TrialRuns(trial, runs, params)
+        print(f"trial {number}: {params} -> {[r.id for r in runs]}", flush=True)
+        return runs
 
     def _follow(self, tr: TrialRuns) -> bool:
         """Report what arrived; prune or finish the trial. True when it is over."""
@@ -232,12 +267,23 @@ def _warm() -> None:
     import torch  # noqa: F401
 
 
+def _handed_over() -> dict | None:
+    """What the sweep's kernel sends on stdin once it has asked for the first trials; None when
+    it sends nothing (a resumed sweep's stdin is empty; a kernel gone before it sent: the trials
+    it asked have no runs, and _adopt fails them)."""
+    try:
+        data = sys.stdin.buffer.read() if sys.stdin is not None else b""
+        return json.loads(data) if data else None
+    except (OSError, ValueError):
+        return None
+
+
 def main(argv: list[str]) -> int:
     spec = json.loads(st.spec_path(argv[0]).read_text())
     _warm()
     driver = None
     try:
-        driver = Driver(spec)
+        driver = Driver(spec, _handed_over())
         state = driver.run()
     except BaseException as e:  # the sweep's state says it failed, and why (the log has the trace)
         traceback.print_exc()

@@ -5,8 +5,10 @@ another process (attach_sweep) sees what the one that started the sweep sees.
 """
 from __future__ import annotations
 
+import base64
 import json
 import os
+import pickle
 import secrets
 import subprocess
 import sys
@@ -82,7 +84,10 @@ def sweep(fn: Callable, base_cfg: Any, space: Mapping[str, Any], *, trials: int 
             "device": "cuda" if gpu_count() > 0 else "cpu", "kernel": _me()}
     st.spec_path(sweep_id).write_text(json.dumps(spec, indent=1))
     handle = Sweep(spec)
-    # not a daemon: a script that ends at once still creates the study and starts the driver
+    # The driver first, at once: its interpreter imports torch (seconds) while this kernel, on
+    # another core, creates the study and asks for the first trials, which it then hands over.
+    handle._proc = _start_driver(sweep_id, first_trials=True)
+    # not a daemon: a script that ends at once still creates the study and hands the trials over
     handle._opening = threading.Thread(target=handle._open, name=f"{IMPORTING}sweep-open-{sweep_id}")
     handle._opening.start()
     return handle
@@ -109,16 +114,18 @@ def _me() -> dict:
     return {"pid": os.getpid(), "started": psutil.Process().create_time()}
 
 
-def _start_driver(sweep_id: str) -> subprocess.Popen:
-    """A fresh interpreter in its own session (a Ctrl-C in the kernel is not the sweep's)."""
+def _start_driver(sweep_id: str, first_trials: bool = False) -> subprocess.Popen:
+    """A fresh interpreter in its own session (a Ctrl-C in the kernel is not the sweep's).
+    first_trials: its stdin is a pipe on which Sweep._open sends the trials it asked (else the
+    driver reads nothing there and asks every trial itself)."""
     root = str(Path(__file__).resolve().parents[2])  # gpu_lab's parent: importable from a clone
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(
         os.pathsep) if p])
     with open(st.log_path(sweep_id), "ab") as log:
         return subprocess.Popen([sys.executable, "-m", "gpu_lab.sweep.driver", sweep_id],
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
-                                start_new_session=True)
+                                stdin=subprocess.PIPE if first_trials else subprocess.DEVNULL,
+                                stdout=log, stderr=log, env=env, start_new_session=True)
 
 
 class Sweep:
@@ -140,23 +147,46 @@ class Sweep:
         return f"<Sweep {self.id} {self.state}: {len(self.study.trials)}/{self.spec['trials']} trials>"
 
     def _open(self) -> None:
-        """Create the study, then start the driver. sweep() runs this on a thread and returns:
+        """Create the study, ask for the first `parallel` trials and hand them, with the sampler
+        that drew them, to the driver sweep() started. sweep() runs this on a thread and returns:
         a process's first Optuna storage takes a second or more to open (SQLAlchemy, Alembic, the
-        schema), and the kernel stays free meanwhile. A failure is the sweep's state, `failed`."""
+        schema), and the kernel stays free meanwhile; the driver imports torch meanwhile and
+        launches these trials the moment it can, before it opens the storage itself. A failure is
+        the sweep's state, `failed`, and ends the driver."""
         import optuna
 
+        proc = self._proc
         try:
             spec = self.spec
             space = sp.from_json(spec["space"])
+            sampler = st.sampler(spec["sampler"], sp.grid(space) if spec["sampler"] == "grid"
+                                 else None, spec["sampler_seed"])
             self._study = optuna.create_study(
                 study_name=self.id, storage=st.storage_of(spec["storage"]),
-                direction=spec["direction"], pruner=st.pruner(spec["pruner"]),
-                sampler=st.sampler(spec["sampler"], sp.grid(space) if spec["sampler"] == "grid"
-                                   else None, spec["sampler_seed"]))
-            self._proc = _start_driver(self.id)
-            self._study.set_user_attr("driver_pid", self._proc.pid)
+                direction=spec["direction"], pruner=st.pruner(spec["pruner"]), sampler=sampler)
+            self._study.set_user_attr("driver_pid", proc.pid)
+            first = []
+            for _ in range(min(spec["parallel"], spec["trials"])):
+                trial = self._study.ask()
+                first.append({"number": trial.number, "id": trial._trial_id,
+                              "params": sp.suggest(trial, space)})
         except Exception as e:  # noqa: BLE001 - said by state and error, not lost in a thread
             self.error = f"the study could not be created in {self.spec['storage']}: {e}"
+            proc.kill()
+            proc.wait()
+            self._proc = None
+            return
+        self._hand_over(proc, {"trials": first,
+                               "sampler": base64.b64encode(pickle.dumps(sampler)).decode()})
+
+    @staticmethod
+    def _hand_over(proc: subprocess.Popen, what: dict) -> None:
+        """The trials asked and the sampler, on the driver's stdin (it reads to the end)."""
+        try:
+            with proc.stdin:
+                proc.stdin.write(json.dumps(what).encode())
+        except OSError:  # the driver is gone already: the sweep is lost; resume() starts one
+            pass
 
     def _opened(self) -> bool:
         """Wait for _open, if it runs; False when it failed."""

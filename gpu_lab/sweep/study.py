@@ -139,13 +139,24 @@ def sampler(name: str, grid_space: dict | None, seed: int | None) -> Any:
 
 
 def _ask_tell_grid() -> type:
-    import optuna
+    """Optuna's grid sampler for ask-and-tell: once the grid is covered, its after_trial calls
+    study.stop(), which raises outside study.optimize(). The driver asks `trials` trials. Made
+    once, as this module's AskTellGrid, so that a grid sampler pickles (the kernel hands its
+    sampler, mid-sequence, to the driver)."""
+    global AskTellGrid
+    if "AskTellGrid" not in globals():
+        import optuna
 
-    class AskTellGrid(optuna.samplers.GridSampler):
-        """Optuna's grid sampler for ask-and-tell: once the grid is covered, its after_trial calls
-        study.stop(), which raises outside study.optimize(). The driver asks `trials` trials."""
-
-        def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:
-            pass
+        class AskTellGrid(optuna.samplers.GridSampler):
+            def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:
+                pass
 
     return AskTellGrid
+
+
+def __getattr__(name: str) -> Any:
+    """AskTellGrid on first use (unpickling a grid sampler asks for it): Optuna is imported only
+    when a sampler is wanted."""
+    if name == "AskTellGrid":
+        return _ask_tell_grid()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
