@@ -96,6 +96,25 @@ def test_the_driver_is_woken_by_a_trial_run_ending():
     assert driver._wake.wait(60)
 
 
+def test_the_driver_reads_only_the_new_points_of_its_metric(tmp_path):
+    """Each poll reads past the last seq read and decodes only rank 0's events naming the metric
+    (not accuracy_top5, not rank 1's)."""
+    reg = Registry(tmp_path / "registry.db")
+    reg.create_run("r", status="running")
+    reg.add_events("r", [{"rank": 0, "kind": "metric", "t": 1.0, "step": s,
+                          "data": {"loss": 1.0 / s}} for s in range(1, 50)] + [
+        {"rank": 0, "kind": "metric", "t": 2.0, "step": 10, "data": {"accuracy": 0.5, "loss": 0.1}},
+        {"rank": 1, "kind": "metric", "t": 2.0, "step": 10, "data": {"accuracy": 0.4}},
+        {"rank": 0, "kind": "metric", "t": 2.0, "step": 11, "data": {"accuracy_top5": 0.9}}])
+    seq, points = reg.metric_points("r", "accuracy")
+    assert points == [(10, 0.5)] and seq == reg.last_seq("r") == 52
+    assert reg.metric_points("r", "accuracy", after=seq) == (seq, [])
+    reg.add_events("r", [{"rank": 0, "kind": "metric", "t": 3.0, "step": 20,
+                          "data": {"accuracy": 0.75}}])
+    assert reg.metric_points("r", "accuracy", after=seq) == (seq + 1, [(20, 0.75)])
+    assert reg.metric_points("r", "accuracy", rank=1)[1] == [(10, 0.4)]
+
+
 @pytest.mark.timeout(900)
 def test_twelve_trials_two_at_a_time_with_asha(host):
     t0 = time.monotonic()

@@ -566,6 +566,23 @@ class Registry:
         return [{"run": run_id, "seq": r[0], "rank": r[1], "kind": r[2], "t": r[3], "step": r[4],
                  "data": json.loads(r[5])} for r in self._conn().execute(q, args)]
 
+    def metric_points(self, run_id: str, name: str, rank: int = 0,
+                      after: int = 0) -> tuple[int, list[tuple[int, float]]]:
+        """(the newest seq read, [(step, value)]) of metric `name` as `rank` reported it, past
+        seq `after`: a poller's read (a sweep's driver) that decodes only the events naming the
+        metric and goes on from where it stopped, so a long run costs what is new."""
+        upto = self.last_seq(run_id)  # what arrives after this is read by the next call
+        points = []
+        for step, data in self._conn().execute(
+                "SELECT step, data FROM events WHERE run_id=? AND seq>? AND seq<=? "
+                "AND kind='metric' AND rank=? AND instr(data, ?) > 0 ORDER BY seq",
+                (run_id, int(after), upto, int(rank), json.dumps(name))):
+            d = json.loads(data)
+            v = d.get(name) if isinstance(d, dict) else None
+            if type(step) is int and isinstance(v, (int, float)) and not isinstance(v, bool):
+                points.append((step, float(v)))
+        return max(upto, int(after)), points
+
     def last_seq(self, run_id: str) -> int:
         """The newest recorded event's sequence number (0: none yet)."""
         return self._conn().execute("SELECT COALESCE(MAX(seq), 0) FROM events WHERE run_id=?",

@@ -66,6 +66,7 @@ class Driver:
 
         storage = st.storage_of(spec["storage"])
         if handed:
+            st._ask_tell_grid()  # the class a grid sampler's pickle names
             sampler = pickle.loads(base64.b64decode(handed["sampler"]))
         else:  # a seeded sampler made again would draw the trials already drawn: seed it past them
             seed = spec.get("sampler_seed")
@@ -197,15 +198,11 @@ class Driver:
 
     def _values(self, run_id: str) -> list[tuple[int, float]]:
         """(step, value) of the sweep's metric, rank 0, as the run's record holds them. Each look
-        reads only the events past the last one read: a long trial costs what is new."""
+        reads only the events past the last one read, and decodes only those naming the metric:
+        a long trial costs what is new."""
         seq, points = self._read.setdefault(run_id, (0, []))
-        name = self.spec["metric"]
-        for e in self.registry.events(run_id, after=seq, kinds=["metric"]):
-            seq = e["seq"]
-            v = e["data"].get(name) if isinstance(e["data"], dict) else None
-            if e["rank"] == 0 and type(e["step"]) is int and isinstance(v, (int, float)) \
-                    and not isinstance(v, bool):
-                points.append((e["step"], float(v)))
+        seq, new = self.registry.metric_points(run_id, self.spec["metric"], rank=0, after=seq)
+        points.extend(new)
         self._read[run_id] = (seq, points)
         return points
 

@@ -174,6 +174,7 @@ class Sweep:
             self.error = f"the study could not be created in {self.spec['storage']}: {e}"
             proc.kill()
             proc.wait()
+            proc.stdin.close()
             self._proc = None
             return
         self._hand_over(proc, {"trials": first,

@@ -142,7 +142,7 @@ def _ask_tell_grid() -> type:
     """Optuna's grid sampler for ask-and-tell: once the grid is covered, its after_trial calls
     study.stop(), which raises outside study.optimize(). The driver asks `trials` trials. Made
     once, as this module's AskTellGrid, so that a grid sampler pickles (the kernel hands its
-    sampler, mid-sequence, to the driver)."""
+    sampler, mid-sequence, to the driver, which calls this before it unpickles one)."""
     global AskTellGrid
     if "AskTellGrid" not in globals():
         import optuna
@@ -152,11 +152,3 @@ def _ask_tell_grid() -> type:
                 pass
 
     return AskTellGrid
-
-
-def __getattr__(name: str) -> Any:
-    """AskTellGrid on first use (unpickling a grid sampler asks for it): Optuna is imported only
-    when a sampler is wanted."""
-    if name == "AskTellGrid":
-        return _ask_tell_grid()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
