@@ -36,7 +36,8 @@ def test_image_folder_layout_balanced_and_deterministic(tmp_path):
     assert _digest(a.root) == _digest(b.root), "same seed must give byte-identical files"
     assert _digest(a.root) != _digest(c.root), "another seed must give other images"
     assert a.bytes_written == sum(p.stat().st_size for p in a.root.rglob("*.jpg"))
-    assert "SyntheticImageSet(" in repr(a) and "0x" not in repr(a)
+    # a readable repr, not the default's "object at 0x7f…" (a temp path may hold "0x")
+    assert "SyntheticImageSet(" in repr(a) and " at 0x" not in repr(a)
 
 
 def test_png_files_hold_exactly_the_in_memory_images(tmp_path):

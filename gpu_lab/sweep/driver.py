@@ -267,7 +267,7 @@ def _warm() -> None:
 def _handed_over() -> dict | None:
     """What the sweep's kernel sends on stdin once it has asked for the first trials; None when
     it sends nothing (a resumed sweep's stdin is empty; a kernel gone before it sent: the trials
-    it asked have no runs, and _adopt fails them)."""
+    it asked have no runs, and _adopt gives them theirs)."""
     try:
         data = sys.stdin.buffer.read() if sys.stdin is not None else b""
         return json.loads(data) if data else None
