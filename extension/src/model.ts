@@ -130,7 +130,7 @@ export interface ISeriesPoints {
 export interface IRunEvent {
   seq: number;
   rank: number;
-  kind: 'metric' | 'status' | 'error' | 'log' | 'dropped';
+  kind: 'metric' | 'status' | 'error' | 'log' | 'dropped' | 'config';
   t: number;
   step: number | null;
   data: Record<string, any>;

@@ -268,6 +268,7 @@ export class RunViewModel {
   private _applyEvents(events: IRunEvent[]): void {
     let series = false;
     let notes = false;
+    let config = false;
     for (const e of events) {
       if (e.seq <= this.seq) {
         continue; // already applied (a catch-up overlapping what we had)
@@ -290,6 +291,10 @@ export class RunViewModel {
       } else if (e.kind === 'log' || e.kind === 'error' || e.kind === 'dropped') {
         this.notes.push(e);
         notes = true;
+      } else if (e.kind === 'config') {
+        // the run's own code logged its hyperparameters (accelerate's init_trackers)
+        this.config = { ...this.config, ...e.data };
+        config = true;
       }
     }
     if (this.notes.length > NOTES_KEEP) {
@@ -300,6 +305,9 @@ export class RunViewModel {
     }
     if (notes) {
       this._changed.emit('notes');
+    }
+    if (config) {
+      this._changed.emit('row');
     }
   }
 

@@ -292,9 +292,11 @@ export class RunView extends Widget {
 
   private _renderConfig(): void {
     const entries = Object.entries(this.model.config);
-    if (entries.length && entries.length === this._config.childElementCount) {
+    const shown = JSON.stringify(entries);
+    if (entries.length && shown === this._configShown) {
       return;
     }
+    this._configShown = shown;
     this._config.replaceChildren();
     if (!entries.length) {
       this._config.append(el('div', 'jp-GpuLab-empty', 'launched without a TrainConfig'));
@@ -585,6 +587,7 @@ export class RunView extends Widget {
   private _system: HTMLDivElement;
   private _systemNote: HTMLDivElement;
   private _config: HTMLDivElement;
+  private _configShown = '';
   private _notes: HTMLDivElement;
   private _logTabs: HTMLDivElement;
   private _logPanes: HTMLDivElement;

@@ -11,7 +11,10 @@ An event is a plain dict, JSON-serialisable, with these keys:
                  "reason": str, ...}; for "error", {"type", "message", "traceback", "category"};
                  for "log", {"text": str}; for "dropped", {"count": int, "refused": int,
                  "why": {reason: int}} (count: events lost on the way, refused: reports that
-                 could not be recorded, both since the sender started; rank -1: the recorder's)
+                 could not be recorded, both since the sender started; rank -1: the recorder's);
+                 for "config", the run's hyperparameters as a flat {name: value} (what
+                 accelerate's init_trackers(config=...) or a Trainer's arguments say): merged
+                 into the run's row, shown as its config
     seq   int    given by the run's recorder when it writes the event to the registry: the
                  event's position in the run's record (absent on the way from a rank)
 
@@ -36,7 +39,8 @@ STATUS = "status"
 ERROR = "error"
 LOG = "log"
 DROPPED = "dropped"
-KINDS = (METRIC, STATUS, ERROR, LOG, DROPPED)
+CONFIG = "config"
+KINDS = (METRIC, STATUS, ERROR, LOG, DROPPED, CONFIG)
 
 # A run's status, as the registry keeps it and status events carry it.
 ACTIVE_STATUSES = ("pending", "queued", "running", "stopping")

@@ -39,7 +39,7 @@ from urllib.parse import quote
 
 from ..access import SHARE_GROUP, group_name, share_gid
 from .events import ACTIVE_STATUSES as ACTIVE
-from .events import KINDS, METRIC
+from .events import CONFIG, KINDS, METRIC
 from .events import STATUSES
 from .events import TEXT as _TEXT
 from .events import numbers as _numbers
@@ -535,6 +535,9 @@ class Registry:
                     step, summary = _fold_last(row[0], row[1], metric)
                     c.execute("UPDATE runs SET last_step=?, summary=? WHERE id=?",
                               (step, summary, run_id))
+            configs = [e["data"] for e in events if e["kind"] == CONFIG]
+            if configs:  # what the run's own code says of its hyperparameters (a tracker's)
+                _merge_config(c, run_id, configs)
             if end is not None:
                 self._check_status(end["status"])
                 c.execute("UPDATE runs SET status=?, ended=COALESCE(ended, ?), "
@@ -749,6 +752,24 @@ def _checked_rows(run_id: str, events: Sequence[dict], base: int) -> list[tuple]
     return [(run_id, i, e["rank"], e["kind"], e["t"], e.get("step"),
              text if type(text := e.get(_TEXT)) is str else _encode(e["data"]))
             for i, e in enumerate(events, base + 1)]
+
+
+def _merge_config(c: sqlite3.Connection, run_id: str, configs: list) -> None:
+    """Merge config events' data into the run's config, in the writer's transaction: a name the
+    code logs replaces the same name of the launch's TrainConfig, the others stay."""
+    row = c.execute("SELECT config FROM runs WHERE id=?", (run_id,)).fetchone()
+    if row is None:
+        return
+    try:
+        config = json.loads(row[0]) if row[0] else {}
+    except ValueError:
+        config = {}
+    if not isinstance(config, dict):
+        config = {}
+    for data in configs:
+        if isinstance(data, dict):
+            config.update(data)
+    c.execute("UPDATE runs SET config=? WHERE id=?", (_encode(config), run_id))
 
 
 def _fold_last(step: int | None, summary: str | None, metric: list[dict]) -> tuple:

@@ -184,6 +184,10 @@ class Reporter:
     def error(self, data: dict) -> None:
         self._put(ev.ERROR, data)
 
+    def config(self, values: dict) -> None:
+        """The run's hyperparameters ({name: plain value}): merged into the run's config."""
+        self._put(ev.CONFIG, dict(values))
+
     # --- the sender thread -----------------------------------------------------------------------
     def _reset_after_fork(self) -> None:
         self._pid = os.getpid()
