@@ -25,6 +25,7 @@ _API = {
     "PreflightError": "gpu_lab.launch",
     "accelerator": "gpu_lab.launch",
     "report": "gpu_lab.record",
+    "Tracker": "gpu_lab.rank.tracker",  # accelerate's log_with: accelerator.log into the record
     "Reporter": "gpu_lab.record",
     "runs": "gpu_lab.record.registry",
     "queue": "gpu_lab.launch.hostqueue",

@@ -125,3 +125,34 @@ def collects_garbage():
     import gc
 
     return gc.collect()
+
+
+def bare_accelerator():
+    """What every accelerate script does: a bare Accelerator(), no gpu_lab call in sight."""
+    import torch
+    import torch.distributed as dist
+    from accelerate import Accelerator
+
+    acc = Accelerator()
+    model = acc.prepare(torch.nn.Linear(3, 1))
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    acc.log({"loss": 1.0 / (1 + acc.process_index)}, step=acc.process_index)
+    return {"distributed_type": str(acc.distributed_type).split(".")[-1],
+            "num_processes": acc.num_processes, "world": world,
+            "weight": [float(w) for w in acc.unwrap_model(model).weight.detach().flatten()]}
+
+
+def accelerator_without_cpu_switch():
+    """Code that takes away the switch gpu_lab set: its accelerate state is a single process."""
+    import os
+
+    from accelerate import Accelerator
+
+    os.environ.pop("ACCELERATE_USE_CPU", None)
+    Accelerator()
+
+
+def spawns_its_own_ranks():
+    import torch.multiprocessing as mp
+
+    mp.spawn(print, nprocs=2)

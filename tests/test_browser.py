@@ -305,13 +305,18 @@ cfg = gpu_lab.TrainConfig(model="tiny_cnn", image_size=16, batch_size=8, max_ste
 long_run = gpu_lab.launch(train, cfg, 0.15, name="view-long")
 short_run = gpu_lab.launch(train, cfg.replace(lr=1e-3, max_steps=15), name="view-short")
 broken_run = gpu_lab.launch(train, cfg.replace(max_steps=50), 0.0, True, name="view-broken")
-print("launched", long_run.id, short_run.id, broken_run.id)''',
+# a user's own script, written the accelerate way (it never imports gpu_lab)
+script_run = gpu_lab.launch(OWN_SCRIPT, "--lr", "0.05", "--steps", "30", "--out",
+                            os.path.abspath("own-script"), num_processes=2, name="view-script")
+print("launched", long_run.id, short_run.id, broken_run.id, script_run.id)''',
 ]
 
 
 def _write_view_notebook(root: Path) -> Path:
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(src) for src in VIEW_NOTEBOOK_CELLS]
+    own = repr(str(Path(__file__).parent / "own_code" / "train_accel.py"))
+    nb.cells = [nbformat.v4.new_code_cell(src.replace("OWN_SCRIPT", own))
+                for src in VIEW_NOTEBOOK_CELLS]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
                                  "language": "python"}
     path = root / "view_runs.ipynb"
@@ -501,7 +506,28 @@ def _run_view_scenario(page, lab) -> dict:  # noqa: C901 (one story, in order)
     assert failed.get_attribute("data-status") == "failed"
     _shot(page, "runview-6-failed")
 
-    # 8. reloaded, the lab does not announce the runs that had ended before it opened: none after
+    # 8. the user's own script: what it logged through accelerator.log is drawn, step by step,
+    # and the config it gave init_trackers is the run's config ----------------------------------
+    script_id = runs["view-script"]["id"]
+    wait_until(lambda: reg.get_run(script_id)["status"] == "succeeded", 120,
+               what="the script's run to finish")
+    _show_panel(page)
+    card = page.locator(f'#gpu-lab-panel .jp-GpuLab-run[data-run-id="{script_id}"]')
+    card.locator("button.jp-GpuLab-open-dashboard").click()
+    sview = page.locator(f'.jp-GpuLab-runview[id="gpu-lab-run-{script_id}"]:visible')
+    sview.wait_for()
+    deadline = time.monotonic() + 60
+    while _series_points(sview, "loss").get("rank 0", 0) < 30:
+        assert time.monotonic() < deadline, _series_points(sview, "loss")
+        page.wait_for_timeout(250)
+    script_loss = _series_points(sview, "loss")
+    assert script_loss["rank 0"] == 30 and "rank 1" not in script_loss, script_loss
+    for field, value in (("lr", "0.05"), ("steps", "30")):
+        assert sview.locator(f'[data-field="{field}"] .jp-GpuLab-rv-config-value').inner_text() \
+            == value, field
+    _shot(page, "runview-7-own-script")
+
+    # 9. reloaded, the lab does not announce the runs that had ended before it opened: none after
     # its first polls of the runs list (the baseline, then two more)
     polls: list[str] = []
     page.on("request", lambda r: polls.append(r.url)
@@ -515,7 +541,7 @@ def _run_view_scenario(page, lab) -> dict:  # noqa: C901 (one story, in order)
     assert page.locator(".Toastify__toast", has_text="Run view-").count() == 0
     return {"long_run": long_id, "short_run": short_id, "broken_run": broken_id,
             "checkpoints_made": new_ckpt, "loss_points": loss_points,
-            "compare_loss_points": loss, "triage": triage}
+            "compare_loss_points": loss, "triage": triage, "script_loss_points": script_loss}
 
 
 # --- a sweep: its trials grouped in the side panel, and compared -------------------------------

@@ -174,6 +174,32 @@ def _stdout(cell) -> str:
     return "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
 
 
+def test_a_script_is_submitted_unchanged_and_its_arguments_stay_private(cluster):
+    """A user's accelerate script (never importing gpu_lab) as a 2-rank job: followed like a
+    launched run; its arguments reach it but are on no command line Slurm shows."""
+    import gpu_lab
+
+    out, secret = cluster["tmp"] / "out", "s3cret-tag-value"
+    run = gpu_lab.submit(str(TESTS / "own_code" / "train_accel.py"), "--lr", "0.05", "--steps",
+                         "30", "--pace", "0.05", "--out", str(out), "--tag", secret,
+                         ranks_per_node=2, device="cpu")
+    assert run.wait_for_step(2, rank=0, timeout=240), (run.status, run.logs(None, 30))
+    shown = subprocess.run(["scontrol", "show", "job", str(run.job_id)], capture_output=True,
+                           text=True).stdout
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert "gpu_lab.rank.headless" in ps and secret not in ps and secret not in shown
+    assert secret not in Path(run.run_dir, "job", "job.sbatch").read_text()
+    assert run.wait(240) == "succeeded", (run.status, run.reason, run.logs(0, 30))
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [(r["num_processes"], r["process_index"], r["distributed_type"]) for r in ranks] == \
+        [(2, 0, "MULTI_CPU"), (2, 1, "MULTI_CPU")]
+    assert ranks[0]["argv"][-2:] == ["--tag", secret]
+    reg = Registry()
+    assert [m["step"] for m in reg.metrics(run.id, "loss", rank=0)] == list(range(30))
+    row = reg.get_run(run.id)
+    assert row["name"] == "train_accel.py" and row["config"]["tag"] == secret
+
+
 def test_a_job_cancelled_while_pending_is_recorded_by_the_follower(cluster):
     """Nothing of the job ran to say how it ended: Slurm's CANCELLED becomes stopped."""
     import gpu_lab

@@ -50,6 +50,35 @@ def from_exception(rank: int, exc: BaseException) -> RankFailure:
     return failure
 
 
+USAGE_EXIT = 2  # argparse's exit code for a command line it refuses
+
+
+def from_exit(rank: int, code: int, said: str | None, output: str = "") -> RankFailure:
+    """A rank whose code called sys.exit(code) with code != 0 (a script's way to fail). `said`:
+    the text of sys.exit("text"); `output`: the end of the rank's log, whose last line is the
+    message when it says what went wrong (argparse's "train.py: error: ..." above its usage)."""
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    last = lines[-1] if lines else ""
+    if said:
+        message = said
+    elif last and "error" in last.lower():
+        message = last
+    else:
+        message = f"exited with code {code}" + (f"; its last output: {last}" if last else
+                                                " and printed nothing")
+    suggestions = list(SUGGESTIONS[USER])
+    usage = next((ln for ln in reversed(lines) if ln.startswith("usage:")), None)
+    if code == USAGE_EXIT and usage:
+        suggestions.insert(0, "The script refused its command line (argparse's exit code 2): "
+                              f"check the arguments given to launch(). {usage}")
+    else:
+        suggestions.insert(0, f"The code called sys.exit({code}): its log (run.logs(rank)) says "
+                              "why; sys.exit(0) or sys.exit() ends a rank as a success")
+    return RankFailure(rank=rank, type=f"SystemExit({code})", message=message,
+                       traceback="\n".join(lines[-20:]), category=USER, exitcode=code,
+                       suggestions=suggestions, t=time.time())
+
+
 def from_exitcode(rank: int, exitcode: int | None, pid: int | None = None,
                   t: float | None = None) -> RankFailure:
     """A rank that died without a Python exception (killed, or os._exit)."""

@@ -19,6 +19,7 @@ from ..record.runfolder import RunFolder
 from ..record.channel import RunKeys, save_client_key
 from ..record.events import ACTIVE_STATUSES
 from ..telemetry.probe import gpu_count
+from ..rank.script import Script, save_target
 from . import checks as pf
 from .run import FINAL, Run
 from ..supervise.kill import terminate_tree
@@ -27,7 +28,7 @@ from ..supervise.supervisor import Spec, supervise
 _launched: "weakref.WeakSet[Run]" = weakref.WeakSet()
 
 
-def launch(fn: Callable, *args: Any, num_processes: int | None = None,
+def launch(fn: Callable | str, *args: Any, num_processes: int | None = None,
            mixed_precision: str | None = None, config: TrainConfig | dict | None = None,
            name: str | None = None, detach: bool = False, resume: Any = None,
            num_nodes: int = 1, node_rank: int = 0, master_addr: str = "127.0.0.1",
@@ -37,6 +38,12 @@ def launch(fn: Callable, *args: Any, num_processes: int | None = None,
            queue: bool = True) -> Run:
     """Launch `fn(*args)` on `num_processes` ranks through accelerate.notebook_launcher, inside a
     supervisor process that owns the run's record, and return a Run handle at once.
+
+    fn: the training function; or your own script, as `accelerate launch` would run it:
+      `launch("train.py", "--lr", "0.1", num_processes=2)`, `launch("-m", "pkg.train", ...)`;
+      or "pkg.module:function". A script runs unchanged on every rank as __main__ with those
+      arguments: a bare `Accelerator()` forms the run's group, `accelerator.log(...)` lands in
+      the record, sys.exit(0) is a success (gpu_lab.rank.script, gpu_lab.rank.adopt).
 
     config: the run's TrainConfig; by default the first TrainConfig among `args`, so
       `launch(train_classifier, cfg)` is enough. The run gets a checkpoint folder of its own,
@@ -62,6 +69,11 @@ def launch(fn: Callable, *args: Any, num_processes: int | None = None,
       any process starts.
     Inside `fn`, use gpu_lab.accelerator() and gpu_lab.report(step, loss=...).
     """
+    fn, args = _target_of(fn, args)
+    if isinstance(fn, Script) and resume is not None:
+        raise ValueError("launch: resume= continues a TrainConfig's checkpoint; a script resumes "
+                         "by its own flag: launch it again with that flag, e.g. "
+                         "launch('train.py', '--resume', '<checkpoint folder>')")
     config = _config_of(config, args)
     spec = Spec(fn=fn, args=args,
                 num_processes=num_processes if num_processes is not None
@@ -127,7 +139,8 @@ def _create_run(spec: Spec, config: TrainConfig | None, source: dict | None, reg
                 notebook: str | None) -> Run:
     """The run's id, folder, channel keys, checkpoint folder and registry row; its handle."""
     spec.run_id = time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
-    spec.name = spec.name or getattr(spec.fn, "__name__", "run")
+    script = spec.fn if isinstance(spec.fn, Script) else None
+    spec.name = spec.name or (script.name if script else getattr(spec.fn, "__name__", "run"))
     # owner-only (gpu_lab.access): what is made below it later (ranks/, errors/, control/,
     # elastic/) is out of other users' reach whatever its own mode
     folder = RunFolder.of(spec.run_id).create(fresh=True)
@@ -135,6 +148,8 @@ def _create_run(spec: Spec, config: TrainConfig | None, source: dict | None, reg
     # pair for its recorder (handed over by the supervisor, never on disk)
     spec.keys = RunKeys.new()
     save_client_key(folder.path, spec.keys.client)
+    if script is not None:  # its argv: owner-only, for resume(); never on a command line
+        save_target(str(folder.path), script)
     spec.run_dir, spec.registry_path = str(folder.path), str(registry.path)
     output_dir = None
     if config is not None:  # the run's own folder; the ranks get it as cfg.output_dir
@@ -296,8 +311,28 @@ def _resume_source(resume: Any, config: TrainConfig | None, registry: Registry) 
     return {"run": row["id"] if row else None, "step": info.step, "path": str(info.path)}
 
 
+def _target_of(fn: Any, args: tuple) -> tuple[Callable, tuple]:
+    """What launch() runs: a function with its args, or a Script (its args are its argv)."""
+    if isinstance(fn, Script):
+        return fn.with_args(*args).checked(), ()
+    if isinstance(fn, os.PathLike):
+        fn = os.fspath(fn)
+    if not isinstance(fn, str):
+        return fn, args
+    if ":" in fn and not fn.endswith(".py") and not Path(fn).expanduser().exists():
+        from ..rank.address import EntryError, resolve_entry
+
+        try:
+            return resolve_entry(fn), args
+        except EntryError as exc:
+            raise ValueError(f"launch: {exc}") from None
+    return Script.parse(fn, args), ()
+
+
 def _entry_of(fn: Callable) -> str | None:
     """'module:qualname' when another process can import fn (not for notebook functions)."""
+    if isinstance(fn, Script):  # its target.json says what it runs
+        return None
     mod, qual = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
     if not mod or mod == "__main__" or "<" in qual:
         return None

@@ -299,6 +299,8 @@ class Run:
                 self.dropped = sum(self._dropped_by_rank.values())
         elif kind == ev.LOG:
             self._log_events.append(e)
+        elif kind == ev.CONFIG and not hasattr(self.config, "replace"):  # not a TrainConfig:
+            self.config = {**(self.config or {}), **data}  # what the run's code logged
         return False
 
     def _finish(self, status: str, exitcode: int | None = None, reason: str | None = None,
@@ -354,9 +356,25 @@ class Run:
         """Launch a new run that continues this one from its newest complete checkpoint, with the
         same training function and config (`changes` replace config fields that may change, such
         as max_steps). An attached run knows its function only when it is importable (not defined
-        in a notebook); pass `fn` (and its `args`) otherwise."""
-        from ..rank.address import resolve_entry
+        in a notebook); pass `fn` (and its `args`) otherwise.
 
+        A script's run (launch("train.py", ...)) resumes by its own flag: run.resume("--resume",
+        path) launches the same script with its arguments and these after them."""
+        from ..rank.address import resolve_entry
+        from ..rank.script import Script, load_target
+
+        script = self._fn if isinstance(self._fn, Script) else (
+            load_target(str(self.run_dir)) if self._fn is None and self.run_dir.name else None)
+        if script is not None:
+            if changes:
+                raise ValueError(f"run {self.id} ran a script: it has no TrainConfig to change "
+                                 f"{sorted(changes)} in; pass its own flags instead")
+            extra = ((fn,) if fn is not None else ()) + args
+            kw = {k: v for k, v in self._launch_kw.items() if k not in ("config", "name",
+                                                                        "detach")}
+            kw["num_processes"] = kw.get("num_processes") or self.num_processes or None
+            return type(self)._launch(script.with_args(*extra), name=self.name,
+                                      detach=self.detach, **kw)
         if fn is None:
             if self._fn is not None:
                 fn, args = self._fn, args or self._args

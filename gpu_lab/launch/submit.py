@@ -2,10 +2,11 @@
 
 The kernel makes the run (its id, folder, checkpoint folder and registry row, kind "slurm", with a
 `job` column: the scheduler, the job id, Slurm's state), writes the batch script and the ranks'
-config into the run folder, and calls sbatch. The job records itself (gpu_lab.cluster.job, on
-the job's first node) into the same registry, which must therefore be on a file system the
-login node and the nodes share; the registry's follower (gpu_lab.cluster.follow) writes what only
-Slurm knows (a pending job's reason, an end the job could not record). The ClusterRun handle is a
+config into the run folder, and calls sbatch. The job reports over the run's channel to its
+recorder, which the registry's follower (gpu_lab.cluster.follow, gpu_lab.cluster.relay) runs on
+this host: the registry never leaves it, and only the run folder must be on a file system the
+nodes share. The follower also writes what only Slurm knows (a pending job's reason, an end the
+job could not record). The ClusterRun handle is a
 Run: status, wait, metrics, logs, result, error, stop and resume work as for a launched run; stop
 is Slurm's (the checkpoint signal to the ranks), resume a new submission.
 """
@@ -31,10 +32,12 @@ from ..record.runfolder import RunFolder
 from .checks import free_port
 from .run import Run
 
+SCRIPT_ENTRY = "gpu_lab.rank.script:run_in_job"  # a submitted script's ranks: run its target
 STOP_SIGNAL = "USR1"  # what the ranks' preemption guard answers with a checkpoint and exit 143
 
 
-def submit(fn: Callable | str, config: TrainConfig | dict | None = None, *, nodes: int = 1,
+def submit(fn: Callable | str, *args: Any, config: TrainConfig | dict | None = None,
+           nodes: int = 1,
            ranks_per_node: int | None = None, device: str | None = None, name: str | None = None,
            partition: str | None = None, account: str | None = None, qos: str | None = None,
            time_limit: str = "24:00:00", cpus_per_task: int | None = None,
@@ -42,25 +45,42 @@ def submit(fn: Callable | str, config: TrainConfig | dict | None = None, *, node
     """Submit `fn(config)` to Slurm with sbatch and return a ClusterRun at once: `queued` while
     Slurm holds it (with Slurm's reason), then running, then its end.
 
-    fn: a module-level function (or "module:function"), importable where the job runs.
+    fn: a module-level function (or "module:function"), importable where the job runs, called
+      as fn(config) (the config: `config=` or the first of `args`); or your own script, run
+      unchanged on every rank: submit("train.py", "--lr", "0.1", nodes=1, ranks_per_node=2),
+      submit("-m pkg.train", ...) (a string ending in .py, or naming a file, is a script). Its
+      arguments travel in the owner-only run folder, never on a command line Slurm shows.
     ranks_per_node: one task per GPU (default: config.num_processes, else 1); device: "cuda"
       asks for that many GPUs per node (--gres), "cpu" for CPU ranks (gloo); None: "cuda" when
-      this host has GPUs. cpus_per_task: default config.num_workers + 1.
+      this host has GPUs. cpus_per_task: default config.num_workers + 1 (a script's: 1, as
+      sbatch's; pass more for its DataLoader workers).
     partition, account, qos, time_limit: Slurm's. Before the time limit the ranks get SIGUSR1,
       checkpoint and exit; with requeue=True the job goes back in the queue and resumes.
     resume: continue from a checkpoint, as launch(..., resume=) takes it.
-    GPU_LAB_HOME must be on a file system the nodes share: the job writes the run's record there.
+    The run folder (under GPU_LAB_HOME) must be on a file system the nodes share; the record
+    stays on this host (the job reports to a recorder here).
     """
     from ..rank.address import entry_of, resolve_entry
     from .launcher import _resume_source
 
+    script = _script_of(fn, args)
+    if config is None and script is None and args:
+        config, args = args[0], args[1:]
+    if args and script is None:
+        raise TypeError(f"gpu_lab.submit: a function is called as fn(config); got more "
+                        f"arguments: {args!r}")
     cfg = TrainConfig.from_dict(config) if isinstance(config, dict) else (config or TrainConfig())
     if not isinstance(cfg, TrainConfig):
         raise TypeError(f"gpu_lab.submit: config must be a TrainConfig, a dict or None; got "
                         f"{type(config).__name__}")
-    entry = fn if isinstance(fn, str) else entry_of(fn)
+    if script is not None and resume is not None:
+        raise ValueError("gpu_lab.submit: a script resumes by its own flag; submit it again "
+                         "with that flag")
+    entry = SCRIPT_ENTRY if script is not None else (fn if isinstance(fn, str) else entry_of(fn))
     resolve_entry(entry)  # the job imports it: a typo fails here, not on the cluster
-    label = name or entry.rpartition(":")[2]
+    label = name or (script.name if script is not None else entry.rpartition(":")[2])
+    if script is not None and cpus_per_task is None:
+        cpus_per_task = 1  # Slurm's own default: a script's loader workers are its own affair
     options = dict(nodes=nodes, ranks_per_node=ranks_per_node, device=device,
                    partition=partition, account=account, qos=qos, time_limit=time_limit,
                    cpus_per_task=cpus_per_task)  # completed by _job_spec; resume() reuses them
@@ -72,7 +92,7 @@ def submit(fn: Callable | str, config: TrainConfig | dict | None = None, *, node
     source = _resume_source(resume, cfg, registry) if resume is not None else None
     run_id, folder = _make_run(registry, spec, label, source, {
         "scheduler": "slurm", "id": None, "state": None, "requeue": bool(requeue),
-        "options": options})
+        "options": options}, script)
     touch_private(folder.log_file(None))  # Slurm would make it with the job's umask
     try:
         job_id = slurm.sbatch(str(folder.job_file("script")), cwd=os.getcwd(), extra=[
@@ -106,15 +126,35 @@ def _job_spec(entry: str, cfg: TrainConfig, label: str, options: dict, env: dict
     return spec
 
 
+def _script_of(fn: Any, args: tuple) -> Any:
+    """The Script that `fn` names (a path ending in .py or to a file, "-m module"), or None for a
+    function or a "module:function"."""
+    from ..rank.script import Script
+
+    if isinstance(fn, Script):
+        return fn.with_args(*args).checked("gpu_lab.submit")
+    if isinstance(fn, os.PathLike):
+        fn = os.fspath(fn)
+    if not isinstance(fn, str):
+        return None
+    if fn.startswith("-m") or fn.endswith(".py") or Path(fn).expanduser().is_file():
+        return Script.parse(fn, args, where="gpu_lab.submit")
+    return None
+
+
 def _make_run(registry: Registry, spec: Any, label: str, source: dict | None,
-              job: dict) -> tuple[str, RunFolder]:
-    """The run's id, folder (with the job's script, spec and the ranks' config), checkpoint
-    folder and registry row (queued, kind "slurm", its `job`)."""
+              job: dict, script: Any = None) -> tuple[str, RunFolder]:
+    """The run's id, folder (with the job's script, spec and the ranks' config; a user's script
+    and its argv), checkpoint folder and registry row (queued, kind "slurm", its `job`)."""
+    from ..rank.script import save_target
+
     from .launcher import _private_output_dir
 
     cfg = spec.config
     run_id = time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
     folder = RunFolder.of(run_id).create(fresh=True)
+    if script is not None:
+        save_target(str(folder.path), script)
     output_dir = str(Path(cfg.output_dir).expanduser().resolve() / run_id)
     _private_output_dir(output_dir)
     ranks_cfg = cfg.replace(output_dir=output_dir, resume_from=source["path"] if source else None)
@@ -128,7 +168,8 @@ def _make_run(registry: Registry, spec: Any, label: str, source: dict | None,
     host = recorder_host()
     folder.write_job_file("channel", json.dumps({"host": host, "port": free_port(host)}))
     folder.write_job_file("script", job_script(spec, run_id, str(folder.path), job["requeue"]))
-    registry.create_run(run_id, name=label, config=cfg.to_dict(), num_processes=spec.world_size,
+    registry.create_run(run_id, name=label, config=None if script else cfg.to_dict(),
+                        num_processes=spec.world_size,
                         num_nodes=spec.num_nodes, output_dir=output_dir, run_dir=str(folder.path),
                         kind="slurm", status="queued", entry=spec.entry, resumed_from=source,
                         detach=1, job=job)
@@ -201,9 +242,18 @@ class ClusterRun(Run):
     def resume(self, fn: Callable | None = None, *args: Any, **changes: Any) -> "ClusterRun":
         """Submit a new job that continues this run from its newest complete checkpoint, with the
         same function, Slurm options and config (`changes` replace config fields)."""
-        config = self.config if not changes else self.config.replace(**changes)
         options = dict(self.job.get("options") or {})
-        return submit(fn or self._entry, config, resume=self, name=self.name,
+        if self._entry == SCRIPT_ENTRY:  # a script resumes by its own flag: run.resume("--resume", p)
+            from ..rank.script import load_target
+
+            script = load_target(str(self.run_dir))
+            if script is None:
+                raise ValueError(f"run {self.id}: its run folder no longer names its script")
+            extra = ((fn,) if fn is not None else ()) + args
+            return submit(script.with_args(*extra), name=self.name,
+                          requeue=self.job.get("requeue", True), **options)
+        config = self.config if not changes else self.config.replace(**changes)
+        return submit(fn or self._entry, config=config, resume=self, name=self.name,
                       requeue=self.job.get("requeue", True), **options)
 
     def _follow(self) -> None:

@@ -11,13 +11,14 @@ import os
 import signal
 import sys
 import tempfile
+import threading
 import traceback
 from typing import Any, Callable
 
 from ..access import open_private, private_dir
 from ..record import events as ev
 from ..record.runfolder import RunFolder
-from . import outcome
+from . import adopt, outcome
 
 
 class RankEntry:
@@ -47,21 +48,36 @@ class RankEntry:
         rep.reset_reporter()
         reporter = rep.get_reporter()
         self.folder.write_pid(rank, os.getpid())
+        previous: dict | None = None
         try:
             _check_fork_safe()
+            adopt.prepare()  # accelerate's group and tracker, no nested ranks, not interactive
+            if threading.current_thread() is threading.main_thread():
+                # outside fit()'s guard a stop ends the rank as stopped (143), through the
+                # user's finally blocks; an `except Exception` in their code does not catch it
+                previous = {s: signal.getsignal(s) for s in outcome.STOP_SIGNALS}
+                outcome.set_stop_handlers(outcome.raise_stopped)
             reporter.status("running", pid=os.getpid())
             result = self.fn(*args)
         except SystemExit as exc:
-            if outcome.exit_code(exc) == outcome.STOP_EXIT_CODE:  # the loop checkpointed
+            code = outcome.exit_code(exc)
+            if code == outcome.STOP_EXIT_CODE:  # the loop checkpointed
                 self.folder.mark_preempted(rank)
                 reporter.status("preempted")
                 reporter.close(1.0)
                 raise
-            self._record_failure(rank, exc, reporter)
-            raise
+            if code != outcome.EXIT_OK:
+                failure = outcome.write_exit(self.folder, rank, exc)
+                reporter.error(failure.to_dict())
+                reporter.close(1.0)
+                raise
+            result = None  # sys.exit(0) and sys.exit(): a script's way to succeed
         except BaseException as exc:  # noqa: BLE001 - recorded, then re-raised for the launcher
             self._record_failure(rank, exc, reporter)
             raise
+        finally:
+            for sig, handler in (previous or {}).items():  # one rank runs in the supervisor
+                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
         if rank == 0:
             outcome.write_result(self.folder, result, reporter)
         reporter.close(2.0)

@@ -269,10 +269,13 @@ def _call(fn: Any, config: Any, topo: Topology, folder: Any,
     """Run the training function; (status, exit code, error) of this rank, its result or its
     failure recorded in the run folder (gpu_lab.rank.outcome). A stop signal outside fit() ends
     it as 'stopped' with exit code 143 (outcome.raise_stopped)."""
+    from . import adopt
+
     on_main = threading.current_thread() is threading.main_thread()
     if on_main:
         outcome.set_stop_handlers(outcome.raise_stopped)
     try:
+        adopt.prepare()  # accelerate's group and tracker, as in a launched rank
         result = fn(config) if config is not None else fn()
         if topo.rank == 0:
             outcome.write_result(folder, result, reporter)
@@ -282,7 +285,8 @@ def _call(fn: Any, config: Any, topo: Topology, folder: Any,
         if code == outcome.STOP_EXIT_CODE:
             return "stopped", code, f"rank {topo.rank}: {exc}"
         if code != 0:
-            return "failed", code, f"rank {topo.rank}: SystemExit({exc.code!r})"
+            failure = outcome.write_exit(folder, topo.rank, exc)
+            return "failed", code, f"rank {topo.rank}: {failure.type}: {failure.message}"
         return "succeeded", code, None
     except KeyboardInterrupt:
         return ("stopped", outcome.EXIT_INTERRUPTED,

@@ -79,6 +79,30 @@ def write_error(folder: Any, rank: int, exc: BaseException) -> Any:
     return failure
 
 
+def write_exit(folder: Any, rank: int, exc: SystemExit) -> Any:
+    """A rank that called sys.exit(code != 0): the failure names the code and what the code
+    printed last (its log's end), as a terminal would have shown it; returns the RankFailure."""
+    from ..failures import triage
+
+    said = str(exc.code) if exc.code is not None and not isinstance(exc.code, int) else None
+    sys.stdout.flush()
+    sys.stderr.flush()
+    failure = triage.from_exit(rank, exit_code(exc), said, _tail(folder.log_file(rank)))
+    failure.pid = os.getpid()
+    folder.write_error(rank, failure.to_dict())
+    return failure
+
+
+def _tail(path: Any, size: int = 4096) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - size))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def exit_code(exc: SystemExit) -> int:
     """The process exit code a SystemExit stands for (sys.exit("text") exits 1)."""
     if exc.code is None:

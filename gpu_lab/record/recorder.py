@@ -469,6 +469,19 @@ def _node_news(reg: Any, rec: "Recorder", run_id: str, said: dict) -> None:
                                                           f"{said['part_of'].get('host')}"})])
 
 
+NO_METRICS = ("this run recorded no metrics: accelerator.log({...}, step=s) is recorded as it "
+              "is, and gpu_lab.report(step, loss=...) from any rank; what the code prints is in "
+              "its rank's log only (run.logs(0))")
+
+
+def _say_if_silent(reg: Any, rec: "Recorder", run_id: str) -> None:
+    """A run that ends well without a single metric gets a note saying how to record some."""
+    rec.flush()
+    row = reg.get_run(run_id)
+    if row is not None and not row.get("summary"):
+        rec.record([ev.make(run_id, -1, ev.LOG, {"text": NO_METRICS})])
+
+
 def serve(registry_path: str, run_id: str) -> int:
     """The recorder process: bind, say where, record until the supervisor says the run ended."""
     import signal
@@ -507,6 +520,8 @@ def serve(registry_path: str, run_id: str) -> int:
             break
     if final is None:
         final = {"status": "lost", "reason": ev.LOST}
+    if final.get("status") == "succeeded":
+        _say_if_silent(reg, rec, run_id)
     rec.close(end=final)
     lost = rec.received - rec.written
     print(f"gpu_lab recorder: run {run_id} {final['status']}: {rec.written} events recorded, "

@@ -4,6 +4,8 @@ ranks and the server talk about one run. This module is the only one that names 
     channel.key               the run's client key, for the owner's readers (gpu_lab.record.channel)
     status.json               the supervisor's last word: {"status", "code", "t", "reason", "note"}
     result.pkl                rank 0's return value, pickled (gpu_lab.rank.outcome)
+    target.json               a script's run: the script or module and its argv
+                              (gpu_lab.rank.script), never on a command line
     control/checkpoint        a request to save at the next step boundary (the loop consumes it)
     control/stop              a request to stop; it holds the reason, and stays for the supervisor
     errors/rank<r>.json       a failed rank's RankFailure (gpu_lab.failures.triage)
@@ -37,6 +39,7 @@ RUNS = "runs"
 KEY = "channel.key"
 STATUS = "status.json"
 RESULT = "result.pkl"
+TARGET = "target.json"
 NOTIFY = "notify.json"  # a launched run's notice URLs, until its end notice is sent
 CONTROL, ERRORS, RANKS, LOGS, ELASTIC = "control", "errors", "ranks", "logs", "elastic"
 JOB = "job"
@@ -125,6 +128,10 @@ class RunFolder:
     @property
     def result_file(self) -> Path:
         return self.path / RESULT
+
+    @property
+    def target_file(self) -> Path:
+        return self.path / TARGET
 
     @property
     def notify_file(self) -> Path:
@@ -291,6 +298,15 @@ class RunFolder:
         except (OSError, ValueError):
             return None
         return d if isinstance(d, dict) else None
+
+    def write_target(self, text: str) -> Path:
+        return self._write(self.target_file, text.encode())
+
+    def read_target(self) -> str:
+        try:
+            return self.target_file.read_text()
+        except (OSError, UnicodeDecodeError):
+            return ""
 
     def read_result(self) -> bytes | None:
         try:

@@ -48,6 +48,7 @@ def make_accelerator(config, output_dir: Path):
     from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration
 
     from ..rank.accelerator import accelerator as gpu_lab_accelerator
+    from ..rank.adopt import without_tracker
 
     # accelerate keeps precision and the torch.compile plugin in a process-wide singleton that a
     # second Accelerator silently reuses (or refuses to change): each fit() starts from a clean one.
@@ -65,7 +66,9 @@ def make_accelerator(config, output_dir: Path):
         kw["log_with"] = "tensorboard"
     if config.compile:
         kw["dynamo_backend"] = "inductor"
-    return gpu_lab_accelerator(**kw)
+    acc = gpu_lab_accelerator(**kw)
+    without_tracker(acc)  # fit reports every rank itself: acc.log is TensorBoard's only
+    return acc
 
 
 def release_accelerator_state() -> None:

@@ -1,0 +1,1 @@
+WHOSE = "the script's"
