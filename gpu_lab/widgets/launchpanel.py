@@ -130,10 +130,15 @@ class LaunchPanel(W.VBox):
     train_fn: the training function, called as train_fn(config) on every rank (default:
     gpu_lab.train.train_classifier). config: initial form values. launcher: what Launch calls
     (default gpu_lab.launch; tests may pass another).
+    script, script_args: your own script instead ("train.py" or "-m pkg.train", and its command
+    line as a terminal takes it): Launch runs it on every rank, unchanged, with the form's
+    num_processes, gpus, priority and mixed_precision; the script reads the rest from its
+    arguments. The "what to run" toggle switches between the two.
     """
 
     def __init__(self, train_fn: Callable | None = None, config: TrainConfig | None = None, *,
-                 launcher: Callable | None = None, dashboard_kw: dict | None = None) -> None:
+                 launcher: Callable | None = None, dashboard_kw: dict | None = None,
+                 script: str | None = None, script_args: str = "") -> None:
         if config is not None and not isinstance(config, TrainConfig):
             raise TypeError(f"LaunchPanel config: expected a TrainConfig or None, got "
                             f"{type(config).__name__}")
@@ -194,18 +199,41 @@ class LaunchPanel(W.VBox):
         self.refresh_button = W.Button(icon="refresh", tooltip="list the runs again",
                                        layout=W.Layout(width="36px"))
         self.refresh_button.on_click(lambda _b: self.refresh_resumable())
+        self._script_widgets(script, script_args)
         self.status = W.HTML("")
         self.form_error = W.HTML("", layout=W.Layout(display="none"))
         self.run_box = W.VBox([])
         buttons = W.HBox([self.launch_button, self.stop_button, self.checkpoint_button,
                           self.detach, self.status], layout=W.Layout(align_items="center",
                                                                      flex_flow="row wrap"))
-        resume_row = W.HBox([self.resume_choice, self.refresh_button, self.resume_button],
-                            layout=W.Layout(align_items="center"))
-        super().__init__([W.HTML("<b>gpu_lab</b> · launch a training run"), self.form,
-                          self.form_error, buttons, resume_row, self.run_box])
+        self.resume_row = W.HBox([self.resume_choice, self.refresh_button, self.resume_button],
+                                 layout=W.Layout(align_items="center"))
+        super().__init__([W.HTML("<b>gpu_lab</b> · launch a training run"), self.what,
+                          self.script_box, self.form, self.form_error, buttons, self.resume_row,
+                          self.run_box])
         self.refresh_resumable()
         self.validate()
+
+    def _script_widgets(self, script: str | None, script_args: str) -> None:
+        """The "what to run" toggle, and the script's path and arguments."""
+        self.what = W.ToggleButtons(options=[("a training function", "function"),
+                                             ("a script", "script")],
+                                    value="script" if script else "function",
+                                    description="what to run", style=_DESC)
+        self.script_path = W.Text(value=script or "", description="script", style=_DESC,
+                                  placeholder="train.py, or -m pkg.train",
+                                  layout=W.Layout(width="520px"), continuous_update=True)
+        self.script_args = W.Text(value=script_args, description="arguments", style=_DESC,
+                                  placeholder="--lr 0.1 --epochs 3 (as a terminal takes them)",
+                                  layout=W.Layout(width="520px"), continuous_update=True)
+        self.script_error = W.HTML("")
+        self.script_box = W.VBox([
+            self.script_path, self.script_args, self.script_error,
+            W.HTML("<span style='color:#666;font-size:12px'>The script runs unchanged on every "
+                   "rank, as <code>accelerate launch</code> would run it; of the form below, "
+                   "num_processes, gpus, priority and mixed_precision apply.</span>")])
+        for w in (self.what, self.script_path, self.script_args):
+            w.observe(self._on_change, names="value")
 
     # --- the form ----------------------------------------------------------------------------------
     def values(self) -> dict[str, Any]:
@@ -230,6 +258,14 @@ class LaunchPanel(W.VBox):
         if msg:
             for n in [n for n in _FIELD_RE.findall(msg) if n in values] or [""]:
                 errors.setdefault(n, msg)
+        if self.what.value == "script":
+            problem = self._script_problem()
+            if problem:
+                errors["script"] = problem
+            self.script_error.value = (f"<span style='color:#b00;font-size:12px'>"
+                                       f"{html.escape(problem)}</span>" if problem else "")
+        self.script_box.layout.display = None if self.what.value == "script" else "none"
+        self.resume_row.layout.display = "none" if self.what.value == "script" else None
         for n, f in self.fields.items():
             f.show_error(errors.get(n))
         general = errors.get("")
@@ -242,6 +278,25 @@ class LaunchPanel(W.VBox):
 
     def _on_change(self, _change: dict) -> None:
         self.validate()
+
+    def script_target(self) -> tuple[Any, tuple]:
+        """(the Script, ()) the script fields name: found and compiled, never run here."""
+        import shlex
+
+        from ..rank.script import Script
+
+        args = tuple(shlex.split(self.script_args.value))
+        path = self.script_path.value.strip()
+        if not path:
+            raise ValueError("name the script to run: a path to a .py file, or -m pkg.module")
+        return Script.parse(path, args, where="script"), ()
+
+    def _script_problem(self) -> str | None:
+        try:
+            self.script_target()
+        except ValueError as e:  # ScriptError, or shlex's unbalanced quote
+            return str(e)
+        return None
 
     @property
     def config(self) -> TrainConfig:
@@ -265,7 +320,7 @@ class LaunchPanel(W.VBox):
         self.stop_button.disabled = not active
         self.checkpoint_button.disabled = not active
         if hasattr(self, "resume_button"):
-            self.resume_button.disabled = (active or bool(self.errors)
+            self.resume_button.disabled = (active or bool(self.errors) or self.what.value == "script"
                                            or self.resume_choice.value is None)
 
     def _say(self, text: str, color: str = "#555") -> None:
@@ -280,12 +335,18 @@ class LaunchPanel(W.VBox):
             return
         config = self.config
         try:
-            fn = self.train_fn or _default_train_fn()
             launch = self._launcher or _default_launcher()
             self.launch_button.disabled = True
             self._say("launching…")
             kw = {"resume": resume} if resume is not None else {}
-            run = launch(fn, config, detach=self.detach.value, **kw)
+            if self.what.value == "script":  # the form's device settings; the rest is its argv
+                script, _ = self.script_target()
+                run = launch(script, num_processes=config.num_processes, gpus=config.gpus,
+                             priority=config.priority, mixed_precision=config.mixed_precision,
+                             detach=self.detach.value)
+            else:
+                fn = self.train_fn or _default_train_fn()
+                run = launch(fn, config, detach=self.detach.value, **kw)
         except Exception as e:  # PreflightError, a refused resume, …: show it, keep the panel usable
             self.run = None
             self._sync_buttons()
@@ -366,8 +427,8 @@ class LaunchPanel(W.VBox):
         super().close()
 
     def __repr__(self) -> str:
-        return (f"LaunchPanel(fields={len(self.fields)}, run={getattr(self.run, 'id', None)!r}, "
-                f"errors={sorted(self.errors)})")
+        return (f"LaunchPanel(what={self.what.value!r}, fields={len(self.fields)}, "
+                f"run={getattr(self.run, 'id', None)!r}, errors={sorted(self.errors)})")
 
 
 def _default_train_fn() -> Callable:
