@@ -152,7 +152,10 @@ def accelerator_without_cpu_switch():
     Accelerator()
 
 
-def spawns_its_own_ranks():
+def spawns_its_own_ranks(how: str = "spawn"):
     import torch.multiprocessing as mp
 
-    mp.spawn(print, nprocs=2)
+    if how == "spawn":
+        mp.spawn(print, nprocs=2)
+    else:
+        mp.start_processes(print, nprocs=2, start_method="fork")

@@ -74,15 +74,17 @@ run = gpu_lab.launch("own_code/shadowed.py", num_processes=2)
 print(json.dumps({"status": run.wait(120), "kernel": own_helper.WHOSE,
                   "mine": [m["value"] for m in Registry().metrics(run.id, "mine", rank=0)]}))
 """,
-    # stop: SIGTERM reaches the script; the run is stopped and nothing is left
+    # stop (a module this time): SIGTERM reaches it; the run is stopped and nothing is left
     """
-run = gpu_lab.launch("own_code/train_accel.py", "--lr", "0.01", "--steps", "100000", "--pace",
+run = gpu_lab.launch("-m", "own_code.train_accel", "--lr", "0.01", "--steps", "100000", "--pace",
                      "0.05", "--out", OUT + "/stop", num_processes=2)
 assert run.wait_for_step(3, rank=0, timeout=120), run.status
 procs = tree(run.pid)
 status = run.stop()
 wait_until(lambda: not alive(procs), 15, what="the run's processes to end")
-print(json.dumps({"status": status, "n": len(procs), "reason": run.reason}))
+notes = [e["data"]["text"] for e in Registry().events(run.id, kinds=["log"])]
+print(json.dumps({"status": status, "n": len(procs), "reason": run.reason,
+                  "said": [n for n in notes if "no checkpoint was written by gpu_lab" in n]}))
 """,
     # the host's queue: with two CPU slots, a second script waits for the first
     """
@@ -100,9 +102,9 @@ first.stop()
 print(json.dumps({"queued": queued, "while_first_runs": ahead, "first": first.status,
                   "second": second.wait(180)}))
 """,
-    # detach: the run outlives this kernel
+    # detach (a module): the run outlives this kernel
     """
-run = gpu_lab.launch("own_code/train_accel.py", "--lr", "0.01", "--steps", "40", "--pace",
+run = gpu_lab.launch("-m", "own_code.train_accel", "--lr", "0.01", "--steps", "40", "--pace",
                      "0.05", "--out", OUT + "/detached", num_processes=2, detach=True)
 assert run.wait_for_step(1, rank=0, timeout=120), run.status
 print(json.dumps({"id": run.id}))
@@ -137,6 +139,7 @@ def test_a_kernel_runs_an_unchanged_accelerate_script(tmp_path):
     assert shadow == {"status": "succeeded", "kernel": "the kernel's", "mine": [1.0]}, shadow
     assert stopped["status"] == "stopped" and stopped["n"] >= 3, stopped
     assert stopped["reason"] == "stopped by the user"
+    assert stopped["said"], stopped  # whether it saved anything is the script's affair: said so
     assert queue["queued"] == ["queued", 1] and queue["while_first_runs"] == "queued", queue
     assert queue["first"] == "stopped" and queue["second"] == "succeeded", queue
     # the kernel is gone; the detached run goes on to its end
@@ -247,12 +250,14 @@ def test_a_rank_that_sees_another_world_size_fails_naming_why():
            "started 2 ranks" in _first_line(run)
 
 
-@pytest.mark.parametrize("how", ["spawn", "notebook-launcher"])
+@pytest.mark.parametrize("how", ["spawn", "start_processes", "notebook-launcher"])
 def test_code_that_starts_its_own_ranks_is_refused(how):
     import launch_fns
 
-    run = (gpu_lab.launch(launch_fns.spawns_its_own_ranks, num_processes=2) if how == "spawn"
-           else gpu_lab.launch(str(EXITS), "notebook-launcher", num_processes=2))
+    if how == "notebook-launcher":
+        run = gpu_lab.launch(str(EXITS), "notebook-launcher", num_processes=2)
+    else:  # torch.multiprocessing.start_processes: what Lightning's ddp_spawn and ddp_notebook use
+        run = gpu_lab.launch(launch_fns.spawns_its_own_ranks, how, num_processes=2)
     assert run.wait(120) == "failed"
     assert "RanksInRanks" in _first_line(run) and "would start ranks of its own" in \
         _first_line(run), str(run.error)
