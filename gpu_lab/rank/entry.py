@@ -48,21 +48,36 @@ class RankEntry:
         rep.reset_reporter()
         reporter = rep.get_reporter()
         self.folder.write_pid(rank, os.getpid())
-        previous: dict | None = None
+        previous = _catch_stops()
+        try:
+            result = self._run(rank, reporter, previous, args)
+            if rank == 0:
+                outcome.write_result(self.folder, result, reporter)
+            reporter.close(2.0)
+        finally:
+            for sig, handler in (previous or {}).items():  # one rank runs in the supervisor
+                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        return None  # elastic would pickle a return value through a queue: keep it on disk
+
+    def _run(self, rank: int, reporter: Any, previous: dict | None, args: tuple) -> Any:
+        """The user's function, and how it ended; stop signals are ignored from its end on, so
+        that a second one (the launcher's, after the user's) cannot cut the bookkeeping short."""
         try:
             _check_fork_safe()
             adopt.prepare()  # accelerate's group and tracker, no nested ranks, not interactive
-            if threading.current_thread() is threading.main_thread():
-                # outside fit()'s guard a stop ends the rank as stopped (143), through the
-                # user's finally blocks; an `except Exception` in their code does not catch it
-                previous = {s: signal.getsignal(s) for s in outcome.STOP_SIGNALS}
-                outcome.set_stop_handlers(outcome.raise_stopped)
             reporter.status("running", pid=os.getpid())
             result = self.fn(*args)
+            _quiet(previous)
+            return result
         except SystemExit as exc:
+            _quiet(previous)
             code = outcome.exit_code(exc)
-            if code == outcome.STOP_EXIT_CODE:  # the loop checkpointed
-                self.folder.mark_preempted(rank)
+            if code == outcome.STOP_EXIT_CODE:  # the loop checkpointed, or a stop came
+                self.folder.mark_preempted(rank)  # outside it (then say so: a script saves
+                if isinstance(exc, outcome.Stopped) and rank == 0:  # what it saves itself)
+                    reporter.log(str(exc))
                 reporter.status("preempted")
                 reporter.close(1.0)
                 raise
@@ -71,25 +86,33 @@ class RankEntry:
                 reporter.error(failure.to_dict())
                 reporter.close(1.0)
                 raise
-            result = None  # sys.exit(0) and sys.exit(): a script's way to succeed
+            return None  # sys.exit(0) and sys.exit(): a script's way to succeed
         except BaseException as exc:  # noqa: BLE001 - recorded, then re-raised for the launcher
+            _quiet(previous)
             self._record_failure(rank, exc, reporter)
             raise
-        finally:
-            for sig, handler in (previous or {}).items():  # one rank runs in the supervisor
-                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
-        if rank == 0:
-            outcome.write_result(self.folder, result, reporter)
-        reporter.close(2.0)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        return None  # elastic would pickle a return value through a queue: keep it on disk
 
     def _record_failure(self, rank: int, exc: BaseException, reporter: Any) -> None:
         failure = outcome.write_error(self.folder, rank, exc)
         traceback.print_exc()
         reporter.error(failure.to_dict())
         reporter.close(1.0)
+
+
+def _catch_stops() -> dict | None:
+    """Outside fit()'s guard a stop ends the rank as stopped (143), through the user's finally
+    blocks (an `except Exception` in their code does not catch it). Returns the handlers it
+    replaced (None off the main thread, where signals cannot be caught)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    previous = {s: signal.getsignal(s) for s in outcome.STOP_SIGNALS}
+    outcome.set_stop_handlers(outcome.raise_stopped)
+    return previous
+
+
+def _quiet(previous: dict | None) -> None:
+    if previous is not None:
+        outcome.set_stop_handlers(signal.SIG_IGN)
 
 
 def _check_fork_safe() -> None:
