@@ -4,10 +4,31 @@ temporary folder (TMPDIR, inherited by every kernel, launcher and rank): GPU_LAB
 run folders), the tutorials' work folders of kernels that do not shut down cleanly, and pytest's
 tmp_path all land in it, and it is removed when the session passes (kept, and named, when it
 fails)."""
+import glob
 import os
+import pwd
 import shutil
+import subprocess
 import tempfile
 
+
+def _netns() -> set[str]:
+    try:
+        out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    except OSError:
+        return set()
+    return {line.split()[0] for line in out.splitlines() if line.strip()}
+
+
+def _outside() -> tuple[set[str], set[str], set[str]]:
+    """What the tests could leave outside their own temporary folders: gpu_lab folders in /tmp
+    (another session's own temporary folder aside), Unix users, network namespaces."""
+    return ({p for p in glob.glob("/tmp/gpu_lab*") + glob.glob("/tmp/gpulab*")
+             if not p.startswith("/tmp/gpu_lab_tests_")},
+            {u.pw_name for u in pwd.getpwall()}, _netns())
+
+
+_BEFORE = _outside()
 SESSION_TMP = tempfile.mkdtemp(prefix="gpu_lab_tests_")
 os.environ["TMPDIR"] = SESSION_TMP
 tempfile.tempdir = None  # tempfile.gettempdir() reads TMPDIR again
@@ -20,11 +41,22 @@ os.environ.setdefault("GPU_LAB_CPU_SLOTS", "64")
 os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
 
 
+_LEFT: list[str] = []
+
+
 def pytest_sessionfinish(session, exitstatus):
-    if exitstatus == 0:
+    after = _outside()
+    for what, before, now in zip(("in /tmp", "Unix user", "network namespace"), _BEFORE, after):
+        _LEFT.extend(f"{what}: {x}" for x in sorted(now - before))
+    if _LEFT:  # a test that cleans up after itself leaves none of these behind
+        session.exitstatus = 1
+    elif session.exitstatus == 0:
         shutil.rmtree(SESSION_TMP, ignore_errors=True)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    if exitstatus != 0:
+    for line in _LEFT:
+        terminalreporter.write_line(f"left behind by the tests ({line}): remove it, and fix the "
+                                    "test that made it")
+    if exitstatus != 0 or _LEFT:
         terminalreporter.write_line(f"temporary files of this session kept in {SESSION_TMP}")

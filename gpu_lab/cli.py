@@ -254,9 +254,43 @@ def _run_registry_check(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+# -------------------------------------------------------------------------------------- admin
+
+def _add_admin(subparsers) -> None:
+    p = subparsers.add_parser("admin", help="what an administrator does once for a shared host",
+                              description="Commands for the host's administrator (as root).")
+    sub = p.add_subparsers(dest="admin_command", metavar="ACTION")
+    init = sub.add_parser(
+        "init-host", help="make the host's queue folder, root's, where /tmp cleaners do not go",
+        description="Make the folder in which every user's runs claim this host's GPUs and wait "
+                    "their turn, owned by root and sticky (mode 1777), so that no user can "
+                    "remove another's tickets or locks, outside /tmp so that no cleaner ages "
+                    "them. Runs started afterwards use it (unless GPU_LAB_CLAIMS_DIR says "
+                    "otherwise). Needs root.")
+    init.add_argument("--path", help="the folder (default: /var/lib/gpu_lab/claims, where "
+                                     "gpu_lab looks for it)")
+    init.set_defaults(func=_run_admin_init_host)
+    p.set_defaults(func=lambda args: _help(p))
+
+
+def _run_admin_init_host(args: argparse.Namespace) -> int:
+    from .supervise.claims import ADMIN_FOLDER, init_host, protection
+
+    try:
+        folder = init_host(args.path or ADMIN_FOLDER)
+    except (PermissionError, RuntimeError) as e:
+        print(f"gpu-lab admin init-host: {e}", file=sys.stderr)
+        return 1
+    print(protection(folder)["says"])
+    if args.path and args.path != ADMIN_FOLDER:
+        print(f"runs use it where GPU_LAB_CLAIMS_DIR={folder} is set in their environment")
+    return 0
+
+
 # --------------------------------------------------------------------------------------- main
 
-COMMANDS: list[Callable] = [_add_shards, _add_bench, _add_doctor, _add_export, _add_registry]
+COMMANDS: list[Callable] = [_add_shards, _add_bench, _add_doctor, _add_export, _add_registry,
+                            _add_admin]
 BENCHES: list[Callable] = [_add_bench_loader, _add_bench_allreduce, _add_bench_io, _add_bench_gpu]
 
 

@@ -151,7 +151,7 @@ def test_priority_then_submission_one_at_a_time(host):
     gaps = [spans[0][0]["mono"] - released] + [b[0]["mono"] - a[1]["mono"]
                                                 for a, b in zip(spans, spans[1:])]
     print(f"\nhand-off release -> next claim: {', '.join(f'{g * 1000:.1f} ms' for g in gaps)}")
-    assert host_queue() == [] and queue_stats()["dropped_dead_waiters"] == 0
+    assert host_queue() == [] and queue_stats()["dead_tickets"] == 0
 
 
 def test_sigkill_holder_frees_its_slots(host):
@@ -226,7 +226,9 @@ def test_killed_waiter_leaves_the_queue(host):
         assert host.procs[run].wait(T) == 0
     assert host.events("doomed", "start") == []
     assert host_queue() == []
-    assert queue_stats()["dropped_dead_waiters"] == 1
+    # the dead waiter's ticket file is gone: the next claimant of its user removed it
+    assert not list(claims.claims_folder().glob("ticket-*.json"))
+    assert queue_stats() == {"bad_lines": 0, "foreign_files": 0, "dead_tickets": 0}
 
 
 def test_queue_false_names_the_holder_and_cancel_withdraws(host):
@@ -377,31 +379,59 @@ def test_folder_and_locks_are_for_everyone_whatever_the_umask(host, tmp_path):
     try:
         with wait_for_devices(1, "strict-umask") as claim:
             assert claim.held
+            folder = tmp_path / "claims"
+            ticket, = folder.glob("ticket-*.json")  # its own, readable by all, writable by it
+            assert ticket.name.startswith(f"ticket-{os.geteuid()}-")
+            assert oct(ticket.stat().st_mode & 0o777) == oct(0o644)
     finally:
         os.umask(old)
-    folder = tmp_path / "claims"
     assert oct(folder.stat().st_mode & 0o7777) == oct(0o1777)
     files = sorted(folder.iterdir())
-    assert [f.name for f in files] == ["cpu-0.lock", "cpu-1.lock", "queue"]
-    assert all(oct(f.stat().st_mode & 0o777) == oct(0o666) for f in files)
+    assert [f.name for f in files] == ["cpu-0.lock", "cpu-1.lock"]  # the ticket left with it
+    assert all(oct(f.stat().st_mode & 0o777) == oct(0o644) for f in files)
     assert (folder / "cpu-0.lock").stat().st_size == 0  # a lock holds no data
 
 
-def test_hostile_queue_lines_are_counted_and_never_followed(host, tmp_path):
+def test_hostile_ticket_files_are_counted_and_never_followed(host, tmp_path):
     folder = claims.claims_folder()
-    good = {"op": "enter", "ticket": "t1", "run": "evil", "key": None, "user": "x", "uid": 1,
+    me = os.geteuid()
+    good = {"op": "enter", "ticket": "1" * 32, "run": "evil", "key": None, "user": "x", "uid": 1,
             "prio": 0, "kind": "cpu", "indices": None, "want": {"count": 1, "ids": None},
-            "pool": ["cpu-0"], "mono": 0, "t": 0, "pid": 1, "start": None, "boot": claims._BOOT,
+            "pool": ["cpu-0"], "t": 0, "pid": 1, "start": None, "boot": claims._BOOT,
             "bell": "\0gpu_lab-claims-" + "0" * 32}
-    lines = ["not json", json.dumps({**good, "pool": ["../escaped"]}),
-             json.dumps({**good, "ticket": "t2", "bell": "/run/some.sock"}),
-             json.dumps({"op": "hold", "ticket": "nobody", "devices": []})]
-    (folder / "queue").write_text("\n".join(lines) + "\n")
+    hostile = {  # file name -> content; each one this user's own file
+        "not-json": "not json\n",
+        "escape": json.dumps({**good, "pool": ["../escaped"]}) + "\n",
+        "bell": json.dumps({**good, "ticket": "2" * 32, "bell": "/run/some.sock"}) + "\n",
+        "hold-first": json.dumps({"op": "hold", "ticket": "3" * 32, "devices": []}) + "\n",
+    }
+    for i, text in enumerate(hostile.values()):
+        (folder / f"ticket-{me}-{i:032x}.json").write_text(text)
+    # a file named as another user's ticket (made by this one), and one that is a link
+    (folder / f"ticket-{me + 1}-{'a' * 32}.json").write_text(json.dumps(good) + "\n")
+    os.symlink("/etc/passwd", folder / f"ticket-{me}-{'b' * 32}.json")
+    assert queue_stats() == {"bad_lines": 4, "foreign_files": 2, "dead_tickets": 0}
     with wait_for_devices(2, "fine") as claim:
         assert [d.index for d in claim.devices] == [0, 1]
-    assert queue_stats() == {"dropped_dead_waiters": 0, "bad_lines": 4}
-    assert sorted(f.name for f in folder.iterdir()) == ["cpu-0.lock", "cpu-1.lock", "queue"]
     assert not (tmp_path / "escaped.lock").exists()
+    assert sorted(f.name for f in folder.glob("*.lock")) == ["cpu-0.lock", "cpu-1.lock"]
+
+
+def test_a_dead_claimant_s_forged_hold_frees_nothing_and_its_file_is_tidied(host):
+    """A ticket file that says it holds both slots, for a claimant that is gone: ignored, and
+    the next claim of its user removes it."""
+    folder = claims.claims_folder()
+    me = os.geteuid()
+    dead = {"op": "enter", "ticket": "4" * 32, "run": "ghost", "key": None, "prio": 0,
+            "kind": "cpu", "indices": None, "want": {"count": 2, "ids": None},
+            "pool": ["cpu-0", "cpu-1"], "t": 0, "pid": 2 ** 22 + 7, "start": 1,
+            "boot": claims._BOOT, "bell": "\0gpu_lab-claims-" + "5" * 32}
+    hold = {"op": "hold", "devices": [{"id": "cpu-0", "kind": "cpu", "index": 0, "uuid": None},
+                                      {"id": "cpu-1", "kind": "cpu", "index": 1, "uuid": None}]}
+    ghost = folder / f"ticket-{me}-{'4' * 32}.json"
+    ghost.write_text(json.dumps(dead) + "\n" + json.dumps(hold) + "\n")
+    with wait_for_devices(2, "real") as claim:
+        assert claim.held and not ghost.exists()
 
 
 @pytest.fixture
@@ -467,7 +497,7 @@ def test_two_users_share_one_queue(two_users, monkeypatch):
         w.release("bob-run")
         w.wait_all()
         owner = {f.name: pwd.getpwuid(f.stat().st_uid).pw_name for f in folder.iterdir()}
-        assert owner == {"cpu-0.lock": alice, "cpu-1.lock": alice, "queue": alice}
+        assert owner == {"cpu-0.lock": alice, "cpu-1.lock": alice}  # the tickets left
         assert pwd.getpwuid(folder.stat().st_uid).pw_name == alice
         assert oct(folder.stat().st_mode & 0o7777) == oct(0o1777)
     finally:
@@ -483,3 +513,33 @@ def test_a_folder_another_user_locked_down_is_refused(tmp_path):
     os.chown(folder, 65534, 65534)  # nobody
     with pytest.raises(RuntimeError, match="chmod 1777"):
         claims.claims_folder(folder)
+
+
+def test_admin_init_host_makes_a_folder_no_user_can_take_over(tmp_path, monkeypatch):
+    if os.geteuid() != 0:
+        pytest.skip("gpu-lab admin init-host needs root")
+    folder = tmp_path / "var" / "claims"
+    r = subprocess.run([sys.executable, "-m", "gpu_lab.cli", "admin", "init-host", "--path",
+                        str(folder)], capture_output=True, text=True, env=dict(
+                            os.environ, PYTHONPATH=str(ROOT)))
+    assert r.returncode == 0, r.stderr
+    assert "no user can change, move or remove another user's tickets or locks" in r.stdout
+    st = folder.stat()
+    assert (st.st_uid, oct(st.st_mode & 0o7777)) == (0, oct(0o1777))
+    assert claims.protection(folder)["protected"] is True
+    # a folder a user made: doctor says what that user could do
+    theirs = tmp_path / "theirs"
+    claims.claims_folder(theirs)
+    os.chown(theirs, 65534, 65534)
+    said = claims.protection(theirs)
+    assert said["protected"] is False and "can remove other users' tickets" in said["says"]
+    assert "sudo gpu-lab admin init-host" in said["says"]
+    monkeypatch.setenv("GPU_LAB_CLAIMS_DIR", str(theirs))
+    from gpu_lab.diagnostics.doctor import doctor
+
+    report = doctor()
+    assert report.host["host_queue"]["folder"] == str(theirs)
+    assert [w.message for w in report.warnings_about("host queue")] == [said["says"]]
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(PermissionError, match="must run as root"):
+        claims.init_host(tmp_path / "nope")

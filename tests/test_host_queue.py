@@ -206,3 +206,122 @@ def test_another_users_run_holds_the_slots_and_this_users_waits(users, tmp_path)
         first.wait(30), second.wait(30)
     finally:
         shutil.rmtree(claims, ignore_errors=True)
+
+
+# what another user tries against the queue, from their own account (tests/test_host_queue.py):
+# every file of the owner's in the claims folder, then their own forgeries
+ATTACK = r'''
+import json, os, sys
+folder, owner = sys.argv[1], int(sys.argv[2])
+me = os.getuid()
+said = {}
+def attempt(what, fn):
+    try:
+        fn()
+        said[what] = "done"
+    except OSError as e:
+        said[what] = type(e).__name__
+for name in sorted(os.listdir(folder)):  # the owner's tickets, and every lock file
+    path = os.path.join(folder, name)
+    kind = "ticket" if name.startswith("ticket-") else "lock" if name.endswith(".lock") else name
+    if kind != "lock" and os.lstat(path).st_uid != owner:
+        continue
+    attempt(f"truncate {kind}", lambda: open(path, "r+").truncate(0))
+    attempt(f"forge {kind}", lambda: open(path, "a").write('{"op":"hold","devices":[]}\n'))
+    attempt(f"rename {kind}", lambda: os.rename(path, path + ".moved"))
+    if said[f"rename {kind}"] == "done":
+        os.rename(path + ".moved", path)
+    attempt(f"delete {kind}", lambda: os.unlink(path))
+    if said[f"delete {kind}"] == "done" and kind == "lock":  # then make one of one's own
+        open(path, "w").close()
+# one's own files: garbage, a forged hold of every slot, a ticket named after the owner
+open(os.path.join(folder, f"ticket-{me}-{'e' * 32}.json"), "w").write("garbage\n")
+enter = {"op": "enter", "ticket": "f" * 32, "run": "forged", "key": None, "prio": 99,
+         "kind": "cpu", "indices": None, "want": {"count": 2, "ids": None},
+         "pool": ["cpu-0", "cpu-1"], "t": 0, "pid": os.getpid(), "start": None,
+         "boot": open("/proc/sys/kernel/random/boot_id").read().strip(),
+         "bell": "\0gpu_lab-claims-" + "f" * 32}
+hold = {"op": "hold", "devices": [{"id": f"cpu-{i}", "kind": "cpu", "index": i, "uuid": None}
+                                  for i in (0, 1)], "bypassed": []}
+open(os.path.join(folder, f"ticket-{me}-{'d' * 32}.json"), "w").write(
+    json.dumps(enter) + "\n" + json.dumps(hold) + "\n")
+open(os.path.join(folder, f"ticket-{owner}-{'c' * 32}.json"), "w").write(json.dumps(enter) + "\n")
+attempt("truncate queue", lambda: open(os.path.join(folder, "queue"), "w").close())
+print(json.dumps(said))
+'''
+
+
+@pytest.mark.parametrize("setup", ["made by the owner's runs", "made by an administrator",
+                                   "made by the other user"])
+def test_another_user_cannot_break_the_queue(users, setup):  # noqa: F811
+    """A second Unix user attacks the claims folder while the owner has a run holding both slots
+    and one waiting: what the design forbids the system refuses; what it allows (the folder's
+    owner may remove files in it) is repaired. Both runs succeed, in order, never overlapping;
+    a lock file removed while held (as a cleaner would) lets no third run in."""
+    from gpu_lab.supervise import claims
+
+    owner, other = users
+    folder = Path(f"/tmp/gpu_lab-claims-test-{secrets.token_hex(3)}")
+    try:
+        if setup == "made by an administrator":
+            claims.init_host(folder)
+        elif setup == "made by the other user":  # it made the folder and the lock files first
+            r = other.run([sys.executable, "-c", "import os, sys; os.mkdir(sys.argv[1]); "
+                           "os.chmod(sys.argv[1], 0o1777); [open(f'{sys.argv[1]}/cpu-{i}.lock',"
+                           " 'w').close() for i in (0, 1)]; [os.chmod(f'{sys.argv[1]}/cpu-{i}.lock'"
+                           ", 0o666) for i in (0, 1)]", str(folder)], other.env(other.home))
+            assert r.returncode == 0, r.stderr
+        env = {**owner.env(owner.home / "gpu_lab"), "GPU_LAB_CPU_SLOTS": "2",
+               "GPU_LAB_CLAIMS_DIR": str(folder)}
+        go = owner.home / "go"
+        kernel = owner.popen([sys.executable, "-c", KERNEL, json.dumps(
+            [{"name": "first", "go": str(go)}, {"name": "second"}])], env,
+            stdout=subprocess.PIPE, text=True)
+        first, second = json.loads(kernel.stdout.readline())
+        reg = Registry(owner.home / "gpu_lab" / "registry.db")
+        wait_until(lambda: _row(reg, first).get("status") == "running", 60, what="first running")
+        wait_until(lambda: _row(reg, second).get("status") == "queued", 60, what="second queued")
+
+        r = other.run([sys.executable, "-c", ATTACK, str(folder), str(owner.uid)],
+                      other.env(other.home))
+        assert r.returncode == 0, r.stderr
+        said = json.loads(r.stdout)
+        if setup == "made by the other user":  # the folder's owner may remove files in it
+            assert said["delete lock"] == "done" and said["delete ticket"] == "done", said
+            # the owner's claimants write their tickets and relock within a second
+            wait_until(lambda: len(list(folder.glob(f"ticket-{owner.uid}-*.json"))) >= 2, 10,
+                       what="the owner's tickets written again")
+        else:
+            assert set(said) >= {f"{verb} {kind}" for verb in ("truncate", "forge", "rename",
+                                                               "delete")
+                                 for kind in ("ticket", "lock")}, said
+            refused = {k: v for k, v in said.items() if k != "truncate queue"}
+            assert set(refused.values()) == {"PermissionError"}, said
+        assert _row(reg, second).get("status") == "queued"
+
+        # a cleaner (root) removes the held lock files: a third run still waits its turn
+        for lock in folder.glob("cpu-*.lock"):
+            lock.unlink()
+        third = owner.popen([sys.executable, "-c", KERNEL, json.dumps([{"name": "third"}])],
+                            env, stdout=subprocess.PIPE, text=True)
+        (third_id,) = json.loads(third.stdout.readline())
+        wait_until(lambda: _row(reg, third_id).get("status") == "queued", 60,
+                   what="the third run queued")
+        wait_until(lambda: len(list(folder.glob("cpu-*.lock"))) == 2, 10,
+                   what="the holder's lock files made again")
+        assert _row(reg, first).get("status") == "running"
+
+        go.write_text("")
+        os.chown(go, owner.uid, owner.gid)
+        assert json.loads(kernel.stdout.readline()) == ["succeeded", "succeeded"]
+        assert json.loads(third.stdout.readline()) == ["succeeded"]
+        kernel.wait(30), third.wait(30)
+        rows = sorted((_row(reg, i) for i in (first, second, third_id)),
+                      key=lambda x: x["started"])
+        assert [x["name"] for x in rows][0] == "first"
+        for a, b in zip(rows, rows[1:]):
+            assert a["ended"] <= b["started"], f"{a['name']} and {b['name']} overlap"
+        said = claims.protection(folder)
+        assert said["protected"] is (setup == "made by an administrator"), said
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

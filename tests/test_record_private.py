@@ -286,11 +286,12 @@ def test_private_folders_and_files_ignore_the_umask_and_share_through_a_group(tm
 
 # --- another Unix user ------------------------------------------------------------------------------
 class User:
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, claims: Path) -> None:
         import pwd
 
         pw = pwd.getpwnam(name)
         self.name, self.uid, self.gid, self.home = name, pw.pw_uid, pw.pw_gid, Path(pw.pw_dir)
+        self.claims = claims  # the host queue of the test's users, not the machine's
 
     def env(self, gpu_lab_home: Path) -> dict:
         (self.home / "tmp").mkdir(exist_ok=True)
@@ -298,7 +299,8 @@ class User:
         return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.home),
                 "USER": self.name, "LOGNAME": self.name, "GPU_LAB_HOME": str(gpu_lab_home),
                 "GPU_LAB_QUICK": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}",
-                "TMPDIR": str(self.home / "tmp"), "OMP_NUM_THREADS": "1"}
+                "TMPDIR": str(self.home / "tmp"), "OMP_NUM_THREADS": "1",
+                "GPU_LAB_CLAIMS_DIR": str(self.claims)}
 
     def popen(self, args: list, env: dict, **kw) -> subprocess.Popen:
         return subprocess.Popen(args, user=self.uid, group=self.gid, extra_groups=[], env=env,
@@ -338,6 +340,9 @@ def users():
     names = [f"gplab{secrets.token_hex(3)}{i}" for i in (1, 2)]
     created: list[str] = []
     restore: dict[Path, int] = {}
+    # reachable by both users (the session's temp folder is root's alone); removed after
+    claims = Path(tempfile.mkdtemp(prefix="gpu_lab-claims-users-", dir="/tmp"))
+    os.chmod(claims, 0o1777)
     try:
         for n in names:
             r = subprocess.run(["useradd", "-m", "-s", "/bin/sh", n], capture_output=True,
@@ -346,7 +351,7 @@ def users():
                 pytest.skip(f"this machine does not allow creating users: {r.stderr.strip()}")
             created.append(n)
         restore = _let_others_run_python()
-        owner, other = User(names[0]), User(names[1])
+        owner, other = User(names[0], claims), User(names[1], claims)
         os.chmod(owner.home, 0o755)
         yield owner, other
     finally:
@@ -355,6 +360,7 @@ def users():
         for n in created:
             _end_processes_of(n)
             subprocess.run(["userdel", "-r", n], capture_output=True)
+        shutil.rmtree(claims, ignore_errors=True)
 
 
 def _end_processes_of(name: str) -> None:

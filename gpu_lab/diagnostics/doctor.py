@@ -108,7 +108,8 @@ class DoctorReport:
                                                            for n in nodes) if nodes else "—"),
             ("RAM", f"{fmt_bytes(h.get('ram_available_bytes'))} available of {fmt_bytes(h.get('ram_total_bytes'))}"),
         ] + [(f"disk {d['path']}", f"{fmt_bytes(d['free_bytes'])} free of {fmt_bytes(d['total_bytes'])}")
-             for d in h.get("disks", [])]))
+             for d in h.get("disks", [])]
+            + [("host queue", (h.get("host_queue") or {}).get("says") or "—")]))
         out.append(("Environment", [(k, "(unset)" if v is None else v) for k, v in self.env.items()]))
         f = self.fork_safety
         out.append(("Fork safety", [("safe", "yes" if f.get("safe") else "NO"),
@@ -519,8 +520,12 @@ def doctor(env: dict[str, str] | None = None, *, nvml: Any = None,
             gpus, handles = {"count": 0, "devices": [], "reason": reason}, []
             topology = topology_info(None, [], [])
     host = host_info(paths)
+    from ..supervise.claims import protection
+
+    host["host_queue"] = protection()
     envd = env_info(environ)
     findings = env_findings(envd, host, gpus)
+    findings.append(Finding(INFO, "host queue", host["host_queue"]["says"]))
     fork = fork_safety_info()
     if not fork["safe"]:
         findings.insert(0, Finding(WARNING, "fork safety", f"{fork['problem']} {fork['remedy']}"))
