@@ -298,3 +298,33 @@ def test_script_targets_are_parsed_as_a_terminal_would(tmp_path, monkeypatch):
     with pytest.raises(ScriptError, match="without a __main__.py"):
         Script.parse("-m", ("own_code",))
     assert os.path.isabs(Script.parse("own_code/exits.py").path)
+
+
+@pytest.mark.parametrize("how,mode,status", [
+    ("accelerate launch", "end", "succeeded"),
+    ("python", "exit", "succeeded"),
+    ("python", "fail", "failed"),
+])
+def test_a_run_gpu_lab_did_not_start_is_recorded_by_its_tracker(tmp_path, how, mode, status):
+    """`Accelerator(log_with=gpu_lab.Tracker())` in a script run by accelerate launch (2 ranks
+    that form a gloo group with accelerate's CPU switch) or by python: rank 0 records the run."""
+    import subprocess
+    import sys
+
+    home = tmp_path / "home"
+    env = dict(os.environ, GPU_LAB_HOME=str(home), ACCELERATE_USE_CPU="true")
+    script = str(TESTS / "own_code" / "tracked.py")
+    cmd = ([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes",
+            "2", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+            script, mode] if how == "accelerate launch" else [sys.executable, script, mode])
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert (out.returncode == 0) == (status == "succeeded"), out.stderr[-2000:]
+    reg = Registry(home / "registry.db")
+    (row,) = reg.list_runs()
+    assert row["status"] == status, row
+    assert row["kind"] == ("torchrun" if how == "accelerate launch" else "python")
+    assert row["config"] == {"lr": 0.1, "mode": mode}
+    assert [m["value"] for m in reg.metrics(row["id"], "loss", rank=0)] == \
+        [1.0, 0.5, 1 / 3, 0.25, 0.2]
+    if status == "failed":
+        assert "ValueError: the data ran out" in row["error"]

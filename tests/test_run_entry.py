@@ -163,13 +163,13 @@ def test_torchrun_rank_failure_fails_the_run_and_names_the_rank(tmp_path):
     ([(0, "stopped", "rank 0: preempted"), (0, "succeeded", None)], "stopped", "rank 0: preempted"),
 ])
 def test_rank_outcomes_combine_into_one_status(tmp_path, outcomes, status, error):
-    from gpu_lab.rank.headless import _close_row
+    from gpu_lab.rank.headless import close_row
 
     reg = Registry(tmp_path / "r.db")
     reg.create_run("r", status="running")
     for local_rank, st, err in outcomes:
         topo = Topology("torchrun", local_rank, local_rank, 2, 2, 0, 1, os.getpid())
-        _close_row(reg, "r", topo, st, err)
+        close_row(reg, "r", topo, st, err)
     row = reg.get_run("r")
     assert (row["status"], row["error"]) == (status, error)
 

@@ -192,13 +192,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if config is not None:  # a folder the user made stays as they made it
         private_if_new(Path(config.output_dir).expanduser())
 
-    def open_row() -> None:
-        _open_row(registry, run_id, topo, config, folder.path,
-                  args.name or getattr(fn, "__name__", "run"))
+    def make_row() -> None:
+        open_row(registry, run_id, topo, config, folder.path,
+                 args.name or getattr(fn, "__name__", "run"))
 
     if topo.is_node_leader:
-        open_row()
-    recorder, reporter = _start_recording(registry, run_id, folder)
+        make_row()
+    recorder, reporter = start_recording(registry, run_id, folder)
     try:
         status, code, error = _call(fn, config, topo, folder, reporter)
     finally:
@@ -209,10 +209,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # this rank failed before the node leader got as far as creating the row (it may have
         # been ended by torchrun meanwhile): create it, so the failure is not lost
         try:
-            open_row()
+            make_row()
         except Exception:  # noqa: BLE001 - the leader created it in the meantime
             pass
-    _close_row(registry, run_id, topo, status, error)
+    close_row(registry, run_id, topo, status, error)
     if notify_urls and topo.rank == 0:  # one notice per run, with the row as it stands now
         notify.send_end(registry.get_run(run_id) or {"id": run_id, "status": status}, notify_urls)
     lost = recorder.received - recorder.written
@@ -248,7 +248,7 @@ def _in_job(fn: Any, config: Any, topo: Topology) -> int:
     return code
 
 
-def _start_recording(registry: Any, run_id: str, folder: Any) -> tuple[Any, Any]:
+def start_recording(registry: Any, run_id: str, folder: Any) -> tuple[Any, Any]:
     """This rank's own recorder, and gpu_lab.report pointed at it. The recorder makes its own
     channel key: it never leaves this process and its children (DataLoader workers report too),
     and no other process needs it (nothing publishes)."""
@@ -300,7 +300,7 @@ def _call(fn: Any, config: Any, topo: Topology, folder: Any,
             outcome.set_stop_handlers(signal.SIG_IGN)
 
 
-def _open_row(registry: Any, run_id: str, topo: Topology, config: Any, run_dir: Path,
+def open_row(registry: Any, run_id: str, topo: Topology, config: Any, run_dir: Path,
               name: str) -> None:
     """Create this node's row, or revive it (a torchrun restart, a Slurm requeue)."""
     import psutil
@@ -319,7 +319,7 @@ def _open_row(registry: Any, run_id: str, topo: Topology, config: Any, run_dir: 
                     pid=topo.launcher_pid, pgid=None, pid_started=started)
 
 
-def _close_row(registry: Any, run_id: str, topo: Topology, status: str, error: str | None) -> None:
+def close_row(registry: Any, run_id: str, topo: Topology, status: str, error: str | None) -> None:
     """Record this rank's outcome in the node's row. A failure on any rank wins (the first one
     keeps its message: a dead rank makes the others fail with "connection closed"); a stop (a
     preemption, or torchrun ending the other ranks after one failed) never hides a failure; a

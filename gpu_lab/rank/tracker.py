@@ -5,7 +5,9 @@ name it: `Accelerator(log_with=gpu_lab.Tracker())`, or `log_with="gpu_lab"` wher
 `register_tracker_class` (1.15 and later; importing this module registers the name). accelerate
 logs on the main process only, so these metrics are rank 0's: `gpu_lab.report()` records every
 rank. `init_trackers(config=...)` becomes the run's config (shown in the run view). Outside a run
-that gpu_lab started there is no recorder to reach, and logging through it records nothing.
+that gpu_lab started (`accelerate launch`, torchrun, `python train.py`), the tracker records the
+run itself, from rank 0, into the registry (gpu_lab.rank.standalone): the lab lists it as any
+other, and `gpu_lab.attach` follows it.
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ class Tracker(GeneralTracker):
         super().__init__()
         self.run_name = run_name  # accelerate passes init_trackers' project_name
         self._next = 0
+        self._own: Any = None  # a record of its own, outside a run gpu_lab started
 
     @property
     def tracker(self) -> rep.Reporter:
@@ -38,12 +41,23 @@ class Tracker(GeneralTracker):
         return rep.get_reporter()
 
     def start(self) -> None:
-        """Nothing to open: the rank's Reporter is the channel."""
+        """In a run gpu_lab started, nothing to open: the rank's Reporter is the channel.
+        Elsewhere the run is recorded from here (gpu_lab.rank.standalone)."""
+        import os
+
+        from ..record import events as ev
+
+        if self._own is None and not os.environ.get(ev.ENV_ADDRESS):
+            from .standalone import Standalone
+
+            self._own = Standalone(self.run_name)
 
     def store_init_configuration(self, values: Any) -> None:
+        self.start()
         self.tracker.config(flat_config(values))
 
     def log(self, values: dict, step: int | None = None, **_kwargs: Any) -> None:
+        self.start()  # accelerate calls start() in init_trackers; a log without it still counts
         if step is None:
             step = self._next
         if type(step) is int or hasattr(step, "__index__"):
@@ -58,7 +72,10 @@ class Tracker(GeneralTracker):
             self.tracker.report(step, **scalars)
 
     def finish(self) -> None:
-        self.tracker.flush(2.0)
+        if self._own is not None:
+            self._own.close()  # accelerator.end_training(): the run succeeded
+        else:
+            self.tracker.flush(2.0)
 
     def __repr__(self) -> str:
         return "gpu_lab.Tracker()"
