@@ -23,7 +23,7 @@ class Standalone:
     def __init__(self, name: str | None = None) -> None:
         from ..record.registry import Registry
         from ..record.runfolder import RunFolder
-        from .headless import derive_run_id, detect_topology, open_row, start_recording
+        from .rows import derive_run_id, detect_topology, open_row, start_recording
 
         self.topo = detect_topology()
         self.run_id = derive_run_id(self.topo)
@@ -44,7 +44,7 @@ class Standalone:
         self._hook(kind, value, tb)
 
     def close(self, status: str | None = None) -> None:
-        from .headless import close_row
+        from .rows import close_row
 
         if not self._closed.acquire(blocking=False):
             return
