@@ -526,6 +526,14 @@ def _run_view_scenario(page, lab) -> dict:  # noqa: C901 (one story, in order)
         assert sview.locator(f'[data-field="{field}"] .jp-GpuLab-rv-config-value').inner_text() \
             == value, field
     _shot(page, "runview-7-own-script")
+    # what the record says of itself (here: as a full disk would have it) reaches the open view
+    # and the side panel's card, pushed by the server
+    said = "the record was paused for 3 s: the disk holding /x was full; 12 events were not written"
+    reg.update(script_id, note=said)
+    sview.locator(".jp-GpuLab-rv-record-note", has_text=said).wait_for(timeout=30_000)
+    _show_panel(page)
+    page.locator(f'#gpu-lab-panel .jp-GpuLab-run[data-run-id="{script_id}"] .jp-GpuLab-run-note',
+                 has_text="the record was paused").wait_for(timeout=30_000)
 
     # 9. reloaded, the lab does not announce the runs that had ended before it opened: none after
     # its first polls of the runs list (the baseline, then two more)

@@ -59,6 +59,9 @@ export interface IRun {
   error: string | null;
   notebook: string | null;
   reason?: string | null;
+  /** What the record says of itself: its disk was full and it paused, its recorder was
+   *  replaced; with what was not written. */
+  note?: string | null;
   resumed_from?: { run: string | null; step: number; path: string } | null;
   detach?: number | null;
   output_dir?: string | null;

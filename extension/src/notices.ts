@@ -58,6 +58,9 @@ export class RunEndNotices {
     if (run.status === 'failed') {
       detail = await this._headline(run);
     }
+    if (!detail && run.note) {
+      detail = run.note; // a record that paused on a full disk, a recorder replaced
+    }
     let message = `Run ${name} ${run.status}${took}`;
     if (detail) {
       const room = MAX_MESSAGE - message.length - 1;

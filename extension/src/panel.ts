@@ -136,7 +136,9 @@ class RunCard {
       }
     };
     buttons.append(dash, this._stop);
-    this.node.append(top, stats, buttons);
+    // what the record says of itself (a full disk paused it, its recorder was replaced)
+    this._note = el('div', 'jp-GpuLab-run-note');
+    this.node.append(top, stats, this._note, buttons);
   }
 
   readonly node: HTMLDivElement;
@@ -161,9 +163,13 @@ class RunCard {
     this._value.textContent = sweep?.metric
       ? ` · ${sweep.metric} ${formatValue(run.sweep_value)}` : '';
     this._stop.style.display = isActive(run.status) ? '' : 'none';
+    this._note.textContent = run.note ?? '';
+    this._note.title = run.note ?? '';
+    this._note.style.display = run.note ? '' : 'none';
   }
 
   private _run: IRun;
+  private _note: HTMLDivElement;
   private _name: HTMLSpanElement;
   private _status: HTMLSpanElement;
   private _step: HTMLSpanElement;

@@ -245,6 +245,9 @@ export class RunView extends Widget {
     if (row.reason && (!isActive(row.status) || row.status === 'queued')) {
       this._why.append(el('div', 'jp-GpuLab-rv-reason', row.reason));
     }
+    if (row.note) {
+      this._why.append(el('div', 'jp-GpuLab-rv-record-note', row.note));
+    }
     const active = isActive(row.status);
     this._stop.style.display = active ? '' : 'none';
     this._checkpoint.style.display = active ? '' : 'none';

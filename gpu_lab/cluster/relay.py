@@ -114,17 +114,11 @@ class Relay:
         row = self.registry.get_run(rid)
         if not row or not row.get("run_dir"):
             return
-        rec.flush()
-        sent = RunFolder(row["run_dir"]).sent()
-        have = self.registry.events_by_rank(rid)
-        lost = {r: n - have.get(r, 0) for r, n in sent.items() if n > have.get(r, 0)}
-        if lost:
-            total = sum(lost.values())
-            rec.record([ev.make(rid, -1, ev.DROPPED, {
-                "count": total, "refused": 0, "ranks": {str(r): n for r, n in lost.items()},
-                "text": f"{total} report(s) the job's ranks sent never reached the record: the "
-                        "recorder's process (this host's follower) ended while they were on "
-                        "the way"})])
+        from ..record.recorder import count_undelivered
+
+        count_undelivered(self.registry, rid, rec, RunFolder(row["run_dir"]).sent(),
+                          "the recorder's process (this host's follower) ended while they "
+                          "were on the way")
 
     def close(self) -> None:
         for rec in self.recorders.values():

@@ -1,3 +1,4 @@
+# Long: a run's handle answers every question a user asks of a run, from any process.
 """Run: a handle on one training run, from the kernel that launched it or from any other process.
 
 The run's record belongs to the run: its supervisor records every event in the registry and
@@ -154,10 +155,25 @@ class Run:
         if self._status != "succeeded":
             detail = f"\n{self.error}" if self.error else (f" ({self.reason})" if self.reason else "")
             raise RunFailedError(f"run {self.id} {self._status}; no result{detail}")
+        if not self.folder.result_file.exists() and self.run_dir.name:
+            raise RunFailedError(f"run {self.id} succeeded, but rank 0's return value is not in "
+                                 f"{self.folder.result_file} (it could not be written there, "
+                                 "or the folder was removed)"
+                                 + (f" ({self.note})" if self.note else ""))
         value = outcome.read_result(self.folder)
         if isinstance(value, outcome.Unpicklable):
             raise RunFailedError(f"rank 0's return value could not be pickled: {value.reason}")
         return value
+
+    @property
+    def note(self) -> str | None:
+        """What the run's record says of itself, when there is something to say: for example
+        that its disk was full and the record paused (read from the registry's row)."""
+        try:
+            row = self._registry.get_run(self.id)
+        except Exception:  # noqa: BLE001 - a reader never raises for a note
+            return None
+        return (row or {}).get("note") or None
 
     @property
     def error(self) -> triage.RunError | None:
@@ -414,6 +430,9 @@ class Run:
                       f"({html.escape(str(self.resumed_from.get('path')))})")
         if self.reason and self._status in FINAL:
             extra += f" · {html.escape(self.reason)}"
+        note = self.note
+        if note:
+            extra += f" · <span style='color:#9a6700'>{html.escape(note)}</span>"
         return (f"<b>{html.escape(self.name)}</b> <code>{html.escape(self.id)}</code> "
                 f"<span style='color:{color}'>{self._status}</span> · {self.num_processes} "
                 f"{'GPU' if self.device == 'cuda' else 'CPU'} rank(s){loss}{extra}")

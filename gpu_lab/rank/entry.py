@@ -18,6 +18,7 @@ from typing import Any, Callable
 from ..access import open_private, private_dir
 from ..record import events as ev
 from ..record.runfolder import RunFolder
+from ..record.storage import LogStream, lost_bytes
 from . import adopt, outcome
 
 
@@ -53,8 +54,13 @@ class RankEntry:
             result = self._run(rank, reporter, previous, args)
             if rank == 0:
                 outcome.write_result(self.folder, result, reporter)
+            _say_lost_output(self.folder, rank, reporter)
             reporter.close(2.0)
         finally:
+            try:  # what it sent: a recorder that replaced a dead one counts what never arrived
+                self.folder.write_sent(rank, reporter.sent)
+            except OSError:
+                pass
             for sig, handler in (previous or {}).items():  # one rank runs in the supervisor
                 signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
         sys.stdout.flush()
@@ -99,6 +105,14 @@ class RankEntry:
         reporter.close(1.0)
 
 
+def _say_lost_output(folder: RunFolder, rank: int, reporter: Any) -> None:
+    lost = lost_bytes()
+    if lost:
+        reporter.log(f"rank {rank}: {lost} bytes of its output could not be written to "
+                     f"{folder.log_file(rank)} (its disk refused them: full, over quota or "
+                     "read-only)")
+
+
 def _catch_stops() -> dict | None:
     """Outside fit()'s guard a stop ends the rank as stopped (143), through the user's finally
     blocks (an `except Exception` in their code does not catch it). Returns the handlers it
@@ -135,9 +149,10 @@ def redirect_output(path: os.PathLike) -> None:
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
-    sys.stdout = open(1, "w", buffering=1, closefd=False)
-    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    sys.stdout, sys.stderr = LogStream(1), LogStream(2)
+    LogStream.reset()  # the process it was forked from counted its own
     sys.stdin = open(0, "r", closefd=False)
+
 
 
 def _die_with_parent(parent: int) -> None:

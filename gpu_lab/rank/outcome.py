@@ -58,7 +58,14 @@ def write_result(folder: Any, value: Any, reporter: Any = None) -> Unpicklable |
         print(f"gpu_lab: {text}", file=sys.stderr, flush=True)
         if reporter is not None:
             reporter.log(text)
-    folder.write_result(payload)
+    try:
+        folder.write_result(payload)
+    except OSError as exc:  # a full disk: the run did its work; its return value is not kept
+        text = (f"rank 0's return value could not be written to {folder.result_file} "
+                f"({exc.strerror}); Run.result() will raise. The training itself succeeded")
+        print(f"gpu_lab: {text}", file=sys.stderr, flush=True)
+        if reporter is not None:
+            reporter.log(text)
     return failed
 
 
@@ -75,8 +82,17 @@ def write_error(folder: Any, rank: int, exc: BaseException) -> Any:
 
     failure = triage.from_exception(rank, exc)
     failure.pid = os.getpid()
-    folder.write_error(rank, failure.to_dict())
+    _keep_error(folder, rank, failure)
     return failure
+
+
+def _keep_error(folder: Any, rank: int, failure: Any) -> None:
+    """The rank's error file; on a full disk the record's error event is what is left."""
+    try:
+        folder.write_error(rank, failure.to_dict())
+    except OSError as exc:
+        print(f"gpu_lab: rank {rank}'s error could not be written to {folder.error_file(rank)} "
+              f"({exc.strerror})", file=sys.stderr, flush=True)
 
 
 def write_exit(folder: Any, rank: int, exc: SystemExit) -> Any:
@@ -89,7 +105,7 @@ def write_exit(folder: Any, rank: int, exc: SystemExit) -> Any:
     sys.stderr.flush()
     failure = triage.from_exit(rank, exit_code(exc), said, _tail(folder.log_file(rank)))
     failure.pid = os.getpid()
-    folder.write_error(rank, failure.to_dict())
+    _keep_error(folder, rank, failure)
     return failure
 
 

@@ -158,6 +158,8 @@ def compose(row: dict) -> tuple[str, str, str]:
     detail = headline(row) if status == "failed" else row.get("reason")
     if detail:
         lines.append(detail)
+    if row.get("note"):  # what the record says of itself: a full disk paused it, say
+        lines.append(row["note"])
     if row.get("last_step") is not None:
         lines.append(f"Last step: {row['last_step']}.")
     return f"gpu_lab: {name} {status}", "\n".join(lines), KINDS.get(status, "info")

@@ -40,35 +40,70 @@ import collections
 import json
 import logging
 import os
+import sys
 import threading
 import time
 from typing import Any, Callable
 
 from . import events as ev
+from . import storage
 from .channel import ClientKey, Gate, RunKeys
 
 log = logging.getLogger(__name__)
 
+BUFFER = 100_000    # default of GPU_LAB_RECORD_BUFFER: events kept while the database cannot write
+RETRY_S = 1.0       # while the disk is full, a write is tried again this often
+
+
+def buffer_size() -> int:
+    """GPU_LAB_RECORD_BUFFER: how many events a recorder keeps in memory while its database
+    cannot take them (a full disk); what arrives beyond is dropped and counted."""
+    raw = os.environ.get("GPU_LAB_RECORD_BUFFER", "")
+    try:
+        n = int(raw) if raw else BUFFER
+    except ValueError:
+        raise ValueError(f"GPU_LAB_RECORD_BUFFER={raw!r}: accepted: a whole number of events "
+                         f">= 1000 (default {BUFFER})") from None
+    if n < 1000:
+        raise ValueError(f"GPU_LAB_RECORD_BUFFER={raw!r}: accepted: a whole number of events "
+                         f">= 1000 (default {BUFFER})")
+    return n
+
 
 class Recorder:
     def __init__(self, registry: Any, run_id: str, *, publish: bool = True,
-                 interval: float = 0.1, max_pending: int = 50_000, keys: RunKeys | None = None,
-                 private: bool = True, host: str = "127.0.0.1", port: int | None = None,
-                 on_written: Callable[[list], None] | None = None) -> None:
+                 interval: float = 0.1, max_pending: int | None = None,
+                 keys: RunKeys | None = None, private: bool = True, host: str = "127.0.0.1",
+                 port: int | None = None, pub_port: int | None = None,
+                 on_written: Callable[[list], None] | None = None, reserve: bool = False) -> None:
         """keys: the run's channel keys (gpu_lab.record.channel); by default a fresh pair, whose
         client key (`client_key`) the ranks and readers must hold. private=False: no CURVE, any
         local process can write and read (only for measuring what the privacy costs).
         host: the interface both sockets bind on; loopback unless other hosts must reach it.
         port: the ranks' socket's port (a restarted recorder listens where the ranks send);
-        None: a free one. on_written(events): called on the recorder's thread after each write."""
+        None: a free one; pub_port: the same for its subscribers. on_written(events): called on
+        the recorder's thread after each write. max_pending: events kept while the database
+        cannot take them (GPU_LAB_RECORD_BUFFER). reserve: keep a Reserve (gpu_lab.record.storage)
+        beside the registry, given back when its disk is full so that the note and the end fit."""
         import zmq
 
         self.registry = registry
         self.run_id = run_id
         self.interval = interval
-        self.max_pending = max_pending
+        self.max_pending = buffer_size() if max_pending is None else max_pending
         self.host = host
-        self.port = port
+        self.port, self.pub_port = port, pub_port
+        # while the storage refuses (storage.FULL / QUOTA / READ_ONLY): paused, not failed
+        self.storage: str | None = None
+        self.paused_at = 0.0
+        self.paused_s = 0.0
+        self.lost_paused: dict[int, int] = {}  # dropped while paused, by rank
+        self.lost_kinds: dict[str, int] = {}   # and by kind (metric points, logs, ...)
+        self._next_try = 0.0
+        self.reserve = storage.Reserve(os.path.dirname(str(registry.path)), run_id) \
+            if reserve else None
+        if self.reserve is not None:
+            self.reserve.make()
         self.on_written = on_written
         self._zmq = zmq
         self._ctx = zmq.Context()
@@ -113,8 +148,9 @@ class Recorder:
             sock.setsockopt(self._zmq.MAXMSGSIZE, ev.MAX_MESSAGE)
         if self._gate is not None:
             self._gate.secure(sock)
-        if kind == self._zmq.PULL and self.port:
-            sock.bind(f"tcp://{self.host}:{self.port}")
+        port = self.port if kind == self._zmq.PULL else self.pub_port
+        if port:
+            sock.bind(f"tcp://{self.host}:{port}")
         else:
             sock.bind_to_random_port(f"tcp://{self.host}")
         return sock
@@ -180,7 +216,11 @@ class Recorder:
         stopping = self._stop.is_set()
         wait = max(0.0, next_write - time.monotonic())
         room = len(self._pending) < self.max_pending
-        if room and not stopping:
+        if self.storage is not None and not stopping:
+            # paused: the ranks never wait; what the buffer cannot keep is dropped and counted
+            if self._pull in dict(poller.poll(int(wait * 1000))):
+                self._drain(keep=self.max_pending)
+        elif room and not stopping:
             ready = dict(poller.poll(int(wait * 1000)))
             if self._pull in ready:
                 self._drain()
@@ -188,20 +228,25 @@ class Recorder:
             time.sleep(min(wait, 0.01))  # full: let the socket's queue hold (and drop) the rest
         if stopping:
             self._drain(bounded=False)  # the end: take everything that arrived
-        if time.monotonic() >= next_write or stopping:
+        if (time.monotonic() >= next_write or stopping) and (
+                stopping or self.storage is None or time.monotonic() >= self._next_try):
             end, self._end = (self._end, None) if stopping else (None, self._end)
             ok = self._write(end=end)
             next_write = time.monotonic() + self.interval
-            if stopping and not ok:  # the database refuses: what is left stays counted
+            if stopping and not ok:  # the database refuses: what is left is counted, and the
+                if self.storage is not None:  # end goes in the space the reserve gave back
+                    self._end_paused(end)
                 return True, next_write
         return stopping and not self._pending, next_write
 
-    def _drain(self, bounded: bool = True) -> int:
+    def _drain(self, bounded: bool = True, keep: int | None = None) -> int:
         """Take batches from the socket until it is empty or (bounded) `max_pending` events wait:
-        a batch holds at most 2,000 events (the Reporter's), so that is the most over the bound."""
+        a batch holds at most 2,000 events (the Reporter's), so that is the most over the bound.
+        keep: take everything, but keep at most this many waiting; the rest is counted by rank
+        (`lost_paused`)."""
         zmq = self._zmq
         got = 0
-        while not bounded or len(self._pending) < self.max_pending:
+        while keep is not None or not bounded or len(self._pending) < self.max_pending:
             try:
                 raw = self._pull.recv(zmq.NOBLOCK)
             except zmq.Again:
@@ -209,6 +254,11 @@ class Recorder:
             events, why = ev.checked(raw)
             if why:
                 self._refused(why, raw[:120])
+            if keep is not None and len(self._pending) + len(events) > keep:
+                kept = events[:max(0, keep - len(self._pending))]
+                for e in events[len(kept):]:
+                    self._lose(e)
+                events, why = kept, why or {"kept": len(kept)}  # published as decoded
             if not events:
                 continue
             with self._lock:
@@ -267,7 +317,10 @@ class Recorder:
             try:
                 seqs = self.registry.add_events(self.run_id, batch, end=last, checked=checked)
             except Exception as exc:  # noqa: BLE001 - sorted out below
-                if _database_trouble(exc):
+                kind = storage.trouble(exc, self.registry.path)
+                if kind is not None:
+                    self._pause(kind)
+                if kind is not None or _database_trouble(exc):
                     self._retry_later([batch] + [b for b, _ in parts], end, exc)
                     return False
                 if len(batch) > 1:
@@ -283,12 +336,16 @@ class Recorder:
                     parts.appendleft(([note], [[note]]))
                 continue
             self._publish(seqs, batch, frames)
+            if self.storage is not None:
+                self._resume()
         return True
 
     def _retry_later(self, batches: list, end: dict | None, exc: Exception) -> None:
         events = [e for b in batches for e in b]
         self.write_errors += 1
-        log.warning("gpu_lab recorder: %d events not yet written (%s); retrying", len(events), exc)
+        if self.storage is None:  # a paused record said why once, in words (_pause)
+            log.warning("gpu_lab recorder: %d events not yet written (%s); retrying",
+                        len(events), exc)
         if end is not None:  # the end goes again with the last write (the loop hands it over)
             events = events[:-1]
             with self._lock:
@@ -297,6 +354,69 @@ class Recorder:
             self._unchecked = True
             self._pending[:0] = events
             self._frames[:0] = [events]
+
+    # --- a full disk: paused, not failed ----------------------------------------------------------
+    def _pause(self, kind: str) -> None:
+        """The storage refuses (full, quota, read-only): keep what fits the buffer, try again
+        every RETRY_S, give the reserve back and say so in the run's row."""
+        self._next_try = time.monotonic() + RETRY_S
+        if self.storage is not None:
+            return
+        self.storage, self.paused_at = kind, time.monotonic()
+        if self.reserve is not None:
+            self.reserve.release()
+        self._say(storage.says(kind, self.registry.path, len(self._pending),
+                               sum(self.lost_paused.values())))
+
+    def _resume(self) -> None:
+        """It writes again: note how long it waited and what it dropped, take the reserve."""
+        kind, self.storage = self.storage, None
+        self.paused_s += time.monotonic() - self.paused_at
+        if self.reserve is not None:
+            self.reserve.make()
+        text = storage.says(kind, self.registry.path, 0, sum(self.lost_paused.values()),
+                            self.paused_s)
+        self._say(text)
+        if self.lost_paused:
+            self.record([self._lost_note(text)])
+
+    def _lose(self, e: dict) -> None:
+        r, kind = e.get("rank", -1), e.get("kind")
+        self.lost_paused[r] = self.lost_paused.get(r, 0) + 1
+        self.lost_kinds[kind] = self.lost_kinds.get(kind, 0) + 1
+
+    def _lost_note(self, text: str) -> dict:
+        lost = sum(self.lost_paused.values())
+        return ev.make(self.run_id, -1, ev.DROPPED, {
+            "count": lost, "refused": 0, "why": {"record paused": lost},
+            "ranks": {str(r): n for r, n in sorted(self.lost_paused.items())},
+            "kinds": dict(sorted(self.lost_kinds.items())), "text": text})
+
+    def _say(self, text: str) -> None:
+        log.warning("gpu_lab recorder: %s", text)
+        try:
+            self.registry.update(self.run_id, note=text)
+        except Exception:  # noqa: BLE001 - the disk is full: the end says it with the reserve
+            pass
+
+    def _end_paused(self, end: dict | None) -> None:
+        """The run ends while its storage refuses: what waits is dropped and counted, and the
+        end with its note goes in the space the reserve gave back."""
+        with self._lock:
+            for e in self._pending:
+                self._lose(e)
+            self._pending, self._frames = [], []
+        self.paused_s += time.monotonic() - self.paused_at
+        text = storage.says(self.storage, self.registry.path, 0, sum(self.lost_paused.values()),
+                            self.paused_s)
+        extra = [self._lost_note(text)]
+        if end is not None:
+            extra.append(ev.make(self.run_id, -1, ev.STATUS, end))
+        try:
+            self.registry.add_events(self.run_id, extra, end=end)
+            self.registry.update(self.run_id, note=text)
+        except Exception as exc:  # noqa: BLE001 - nothing more can be done: the log says it
+            log.warning("gpu_lab recorder: the run's end could not be recorded either (%s)", exc)
 
     def _publish(self, seqs: list[int], batch: list, frames: list) -> None:
         if seqs:
@@ -336,6 +456,8 @@ class Recorder:
         if self._gate is not None:
             self._gate.close()
         self._ctx.term()
+        if self.reserve is not None:
+            self.reserve.release()
 
     def __repr__(self) -> str:
         return (f"Recorder(run={self.run_id!r}, received={self.received}, written={self.written}, "
@@ -353,10 +475,17 @@ def _database_trouble(exc: BaseException) -> bool:
 
 
 def spawn(registry_path: str, run_id: str, log_path: str, keys: RunKeys,
-          host: str = "127.0.0.1") -> tuple[Any, dict]:
-    """Start the recorder process of a launched run; returns (Popen, its addresses). Called by the
-    supervisor: `end(proc, status)` tells it the run's end. The run's keys go over the process's
-    stdin: never on its command line, which every local user can read. host: where it binds."""
+          host: str = "127.0.0.1", ports: tuple[int, int] | None = None) -> tuple[Any, dict]:
+    """Start the recorder process of a launched run; returns (its RecorderProcess, its
+    addresses). Called by the supervisor: `end(proc, status)` tells it the run's end. The run's
+    keys go over the process's stdin: never on its command line, which every local user can
+    read. host: where it binds; ports: (the ranks', the subscribers') for a replacement."""
+    proc, where = _start(registry_path, run_id, log_path, keys, host, ports)
+    return RecorderProcess(proc, where, (registry_path, run_id, log_path, keys, host)), where
+
+
+def _start(registry_path: str, run_id: str, log_path: str, keys: RunKeys, host: str,
+           ports: tuple[int, int] | None) -> tuple[Any, dict]:
     import subprocess
     import sys
     from pathlib import Path
@@ -369,8 +498,11 @@ def spawn(registry_path: str, run_id: str, log_path: str, keys: RunKeys,
         proc = subprocess.Popen([sys.executable, "-m", "gpu_lab.record.recorder", registry_path,
                                  run_id], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=log_file, env=env)
+    first = {"keys": keys.encode(), "host": host}
+    if ports:
+        first.update(port=ports[0], pub_port=ports[1])
     try:
-        proc.stdin.write((json.dumps({"keys": keys.encode(), "host": host}) + "\n").encode())
+        proc.stdin.write((json.dumps(first) + "\n").encode())
         proc.stdin.flush()
     except OSError:  # it died at once: its log says why
         pass
@@ -382,8 +514,74 @@ def spawn(registry_path: str, run_id: str, log_path: str, keys: RunKeys,
     return proc, json.loads(line)
 
 
+class RecorderProcess:
+    """The supervisor's handle on its run's recorder process: replaced by a new one, on the same
+    ports with the same keys, when it dies before the run's end (the OOM killer, say); the
+    ranks' and the readers' sockets reconnect to it by themselves. `replaced` counts that."""
+
+    def __init__(self, proc: Any, where: dict, how: tuple) -> None:
+        self.proc, self.where, self._how = proc, where, how
+        self.replaced = 0
+        self.ended = False
+        self._admitted: list[dict] = []  # other nodes' keys: a new recorder admits them again
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:  # stdin, stdout, wait, kill, poll, returncode
+        return getattr(self.proc, name)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def replace(self) -> bool:
+        """A new recorder where the dead one was; False when the run has ended meanwhile."""
+        with self._lock:
+            if self.ended or self.alive():
+                return False
+            code = self.proc.returncode
+            t0 = time.monotonic()
+            ports = tuple(int(a.rsplit(":", 1)[1]) for a in (self.where["address"],
+                                                             self.where["publish"]))
+            self.proc, _ = _start(*self._how, ports=ports)
+            self.replaced += 1
+            _tell(self.proc, {"replaced": {"exitcode": code, "count": self.replaced,
+                                           "took_s": round(time.monotonic() - t0, 3)}})
+            for msg in self._admitted:
+                _tell(self.proc, msg)
+                self.proc.stdout.readline()  # its "admitted"
+            return True
+
+    def keep(self, interval: float = 0.2) -> threading.Thread:
+        """Watch it from a thread of the supervisor, and replace it when it dies."""
+        def watch() -> None:
+            while not self.ended:
+                try:
+                    self.proc.wait(interval)
+                except Exception:  # noqa: BLE001 - still running (TimeoutExpired)
+                    continue
+                if not self.ended:
+                    try:
+                        self.replace()
+                    except Exception as exc:  # noqa: BLE001 - it cannot start: say why, once
+                        print(f"gpu_lab supervisor: the run's recorder died and could not be "
+                              f"replaced ({exc})", file=sys.stderr, flush=True)
+                        return
+        t = threading.Thread(target=watch, name="gpu_lab-recorder-keeper", daemon=True)
+        t.start()
+        return t
+
+
 def end(proc: Any, status: dict, timeout: float = 30.0) -> int | None:
-    """Hand the recorder process the run's final status and wait until it has written it."""
+    """Hand the recorder process the run's final status and wait until it has written it (a
+    RecorderProcess that died meanwhile is replaced first, and told how many times it was)."""
+    if isinstance(proc, RecorderProcess):
+        with proc._lock:
+            proc.ended = True
+        if not proc.alive():
+            proc.ended = False
+            proc.replace()
+            proc.ended = True
+        status = dict(status, replaced=proc.replaced)
+        proc = proc.proc
     try:
         proc.stdin.write((json.dumps({"end": status}) + "\n").encode())
         proc.stdin.close()
@@ -412,6 +610,8 @@ def admit(proc: Any, public: str, note: dict | None = None, timeout: float = 30.
     import select
 
     _tell(proc, {"admit": public, "node": note or {}})
+    if isinstance(proc, RecorderProcess):
+        proc._admitted.append({"admit": public, "node": note or {}})
     ready, _, _ = select.select([proc.stdout], [], [], timeout)
     line = proc.stdout.readline() if ready else b""
     if json.loads(line or b"{}").get("admitted") != public:
@@ -469,6 +669,39 @@ def _node_news(reg: Any, rec: "Recorder", run_id: str, said: dict) -> None:
                                                           f"{said['part_of'].get('host')}"})])
 
 
+def _try(fn: Callable, *args: Any, **kw: Any) -> None:
+    try:
+        fn(*args, **kw)
+    except Exception:  # noqa: BLE001 - a note is a courtesy (a full disk may refuse it)
+        pass
+
+
+def _say_replaced(rec: Recorder, run_id: str, said: dict) -> None:
+    text = (f"the run's recorder process ended (exit code {said.get('exitcode')}) and was "
+            f"replaced in {said.get('took_s', 0):.1f} s; the ranks went on and report to the new "
+            "one. What was on the way is counted at the run's end")
+    rec.record([ev.make(run_id, -1, ev.LOG, {"text": text})])
+    _try(rec.registry.update, run_id, note=f"its recorder was replaced {said.get('count', 1)} "
+                                           "time(s) (it died); lost reports are counted at the end")
+
+
+def count_undelivered(registry: Any, run_id: str, rec: Recorder, sent: dict[int, int],
+                      why: str) -> int:
+    """Events the ranks sent (`sent`, by rank: what they said at their end) that are not in the
+    record: counted in a `dropped` note, by rank, never lost silently. Returns how many."""
+    rec.flush()
+    have = registry.events_by_rank(run_id)
+    lost = {r: n - have.get(r, 0) for r, n in sent.items() if n > have.get(r, 0)}
+    total = sum(lost.values())
+    if total:
+        text = f"{total} report(s) the ranks sent never reached the record: {why}"
+        rec.record([ev.make(run_id, -1, ev.DROPPED, {
+            "count": total, "refused": 0, "ranks": {str(r): n for r, n in lost.items()},
+            "text": text})])
+        _try(registry.update, run_id, note=text)
+    return total
+
+
 NO_METRICS = ("this run recorded no metrics: accelerator.log({...}, step=s) is recorded as it "
               "is, and gpu_lab.report(step, loss=...) from any rank; what the code prints is in "
               "its rank's log only (run.logs(0))")
@@ -491,6 +724,7 @@ def serve(registry_path: str, run_id: str) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # a stop is for the ranks: the
         signal.signal(sig, signal.SIG_IGN)                      # record must outlive them
+    sys.stderr = storage.LogStream(2)  # the supervisor's log: a full disk must not end it
     try:
         first = json.loads(sys.stdin.readline())
         keys, host = RunKeys.decode(first["keys"]), str(first.get("host") or "127.0.0.1")
@@ -499,7 +733,8 @@ def serve(registry_path: str, run_id: str) -> int:
               f"({exc}); it is started by gpu_lab.record.recorder.spawn", file=sys.stderr)
         return 2
     reg = Registry(registry_path)
-    rec = Recorder(reg, run_id, keys=keys, host=host)
+    rec = Recorder(reg, run_id, keys=keys, host=host, port=first.get("port"),
+                   pub_port=first.get("pub_port"), reserve=True)
     reg.update(run_id, events_address=rec.publish_address)
     sys.stdout.write(json.dumps({"address": rec.address, "publish": rec.publish_address}) + "\n")
     sys.stdout.flush()
@@ -515,11 +750,24 @@ def serve(registry_path: str, run_id: str) -> int:
             continue
         _queue_news(reg, rec, run_id, said)
         _node_news(reg, rec, run_id, said)
+        if isinstance(said.get("replaced"), dict):  # this one stands in for one that died
+            _say_replaced(rec, run_id, said["replaced"])
         final = said.get("end") or final
         if final is not None:
             break
     if final is None:
         final = {"status": "lost", "reason": ev.LOST}
+    replaced = final.pop("replaced", 0)
+    if replaced:  # what was on the way to a recorder that died: counted, by rank
+        from .runfolder import RunFolder
+
+        lost = count_undelivered(reg, run_id, rec,
+                                 RunFolder(reg.get_run(run_id)["run_dir"]).sent(),
+                                 f"the run's recorder died and was replaced ({replaced} "
+                                 "time(s)): what was on the way to it was lost")
+        if not lost:
+            _try(reg.update, run_id, note=f"its recorder was replaced {replaced} time(s) (it "
+                                          "died); every report the ranks sent is in the record")
     if final.get("status") == "succeeded":
         _say_if_silent(reg, rec, run_id)
     rec.close(end=final)

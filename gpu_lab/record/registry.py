@@ -89,7 +89,7 @@ _ADDED = (("reason", "TEXT"), ("detach", "INTEGER DEFAULT 0"), ("events_address"
           ("entry", "TEXT"), ("resumed_from", "TEXT"), ("last_step", "INTEGER"),
           ("summary", "TEXT"), ("devices", "TEXT"), ("priority", "INTEGER DEFAULT 0"),
           ("queue_position", "INTEGER"), ("part_of", "TEXT"), ("sweep", "TEXT"),
-          ("job", "TEXT"))
+          ("job", "TEXT"), ("note", "TEXT"))
 
 _COLUMNS = ("id", "name", "status", "config", "num_processes", "num_nodes", "node_rank", "host",
             "pid", "pgid", "pid_started", "started", "ended", "notebook", "output_dir", "run_dir",
@@ -547,7 +547,10 @@ class Registry:
                            run_id, *ACTIVE))
             c.execute("COMMIT")
         except BaseException:
-            c.execute("ROLLBACK")
+            try:
+                c.execute("ROLLBACK")
+            except sqlite3.OperationalError:  # SQLite rolled back itself (a full disk): the
+                pass                          # first error is the one to tell
             raise
         return list(range(base + 1, base + 1 + len(events)))
 
@@ -892,7 +895,7 @@ class RunTable(list):
                 start, end = r.get("started"), r.get("ended") or time.time()
                 v = _duration(end - start) if start else ""
             elif key == "note":
-                v = r.get("reason") or ""
+                v = "; ".join(x for x in (r.get("reason"), r.get("note")) if x)
                 src = r.get("resumed_from")
                 if isinstance(src, dict) and src.get("step") is not None:
                     v = f"resumed from step {src['step']}" + (f"; {v}" if v else "")

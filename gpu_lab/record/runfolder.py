@@ -58,11 +58,18 @@ def write_atomic(path: str | os.PathLike, data: bytes) -> Path:
     The file is the owner's only (a run file: gpu_lab.access), whatever the umask."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, say: no half-made file is left to be taken for one
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
     return path
 
 
@@ -212,8 +219,15 @@ class RunFolder:
 
     def request(self, name: str, text: str = "") -> Path:
         """Ask the run's training loop for `name` ("checkpoint", "stop"); a stop's text is its
-        reason. The one way every caller asks (Run, stop_run, the server, the parent watch)."""
-        return self._write(self.control_file(name), (text or str(time.time())).encode())
+        reason. The one way every caller asks (Run, stop_run, the server, the parent watch).
+        On a full disk the request is an empty file (no reason): it still asks."""
+        path = self.control_file(name)
+        try:
+            return self._write(path, (text or str(time.time())).encode())
+        except OSError:
+            private_dir(path.parent)
+            os.close(open_private(path, os.O_WRONLY | os.O_CREAT))  # needs an inode, no block
+            return path
 
     def request_stop(self, reason: str, status: str = "stopped") -> Path:
         """Ask for a stop whose end is recorded as `status` (one of STOP_STATUSES): the status is

@@ -53,7 +53,8 @@ class Cursor:
 
 
 def row_key(row: dict | None) -> tuple | None:
-    return None if row is None else tuple(row.get(k) for k in ("status", "reason", "error", "ended"))
+    return None if row is None else tuple(row.get(k) for k in ("status", "reason", "error", "ended",
+                                                              "note"))
 
 
 class _Feed:

@@ -187,6 +187,10 @@ class GpuLabCollector(Collector):
                                   "host's queue (1 = next to start)", labels=["run_id"])
         devices = GaugeMetricFamily("gpu_lab_run_device", "1 for each device (GPU, or CPU slot) "
                                     "an active run holds", labels=["run_id", "kind", "index", "uuid"])
+        note = GaugeMetricFamily("gpu_lab_run_record_note", "1 for each run whose record says "
+                                 "something of itself (its disk was full and it paused, its "
+                                 "recorder was replaced), with what it says",
+                                 labels=["run_id", "note"])
         for r in shown:
             rid = r["id"]
             info.add_metric([rid, r.get("name") or rid, r["status"]], 1.0)
@@ -199,12 +203,14 @@ class GpuLabCollector(Collector):
                 procs.add_metric([rid], float(r["num_processes"]))
             if r["status"] == "queued" and type(r.get("queue_position")) is int:
                 place.add_metric([rid], float(r["queue_position"]))
+            if r.get("note"):
+                note.add_metric([rid, str(r["note"])[:300]], 1.0)
             held = r.get("devices") if r["status"] in ACTIVE else None
             for d in (held.get("devices") or []) if isinstance(held, dict) else []:
                 if isinstance(d, dict):
                     devices.add_metric([rid, str(held.get("kind")), str(d.get("index")),
                                         str(d.get("uuid") or "")], 1.0)
-        yield from (info, step, loss, procs, place, devices)
+        yield from (info, step, loss, procs, place, devices, note)
         training = {r["id"]: training_values(reg, r["id"]) for r in active}
         for key, name, doc in RUN_GAUGES:
             fam = GaugeMetricFamily(name, doc, labels=["run_id"])

@@ -14,7 +14,7 @@ from typing import Any
 RUN_FIELDS = ("id", "name", "status", "num_processes", "num_nodes", "host", "started", "ended",
               "notebook", "output_dir", "run_dir", "error", "reason", "resumed_from", "detach",
               "kind", "last_step", "last_loss", "queue_position", "priority", "devices",
-              "sweep", "job")
+              "sweep", "job", "note")
 
 
 def json_safe(value: Any) -> Any:

@@ -260,8 +260,10 @@ def _spawn_recorder(spec: Spec, folder: RunFolder) -> tuple[Any, dict]:
         host = "127.0.0.1"
         if spec.num_nodes > 1 and spec.node_rank == 0:  # the other nodes' ranks report here
             host = record_host(spec.master_addr)
-        return rec.spawn(spec.registry_path, spec.run_id, str(folder.log_file(None)), _keys(spec),
-                         host=host)
+        recorder, where = rec.spawn(spec.registry_path, spec.run_id, str(folder.log_file(None)),
+                                    _keys(spec), host=host)
+        recorder.keep()  # a recorder that dies (the OOM killer) is replaced; the ranks go on
+        return recorder, where
     except BaseException:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
         raise
@@ -342,8 +344,12 @@ def _keys(spec: Spec) -> Any:
 def _record_end(folder: RunFolder, recorder: Any, end: End) -> None:
     """The run's last word: status.json, then the recorder writes the final status event and the
     registry row in one transaction, publishes the event, and exits."""
-    folder.write_status({"status": end.status, "code": end.code, "t": time.time(),
-                         "reason": end.reason, "note": end.note[-4000:]})
+    try:
+        folder.write_status({"status": end.status, "code": end.code, "t": time.time(),
+                             "reason": end.reason, "note": end.note[-4000:]})
+    except OSError as exc:  # a full disk: the recorder writes the end with its reserve
+        print(f"gpu_lab supervisor: the run's status file could not be written "
+              f"({exc.strerror})", file=sys.stderr)
     if recorder is not None:
         from ..record.recorder import end as record_end
 
