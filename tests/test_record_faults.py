@@ -201,3 +201,35 @@ def test_a_killed_recorder_is_replaced_and_what_it_lost_is_counted_by_rank(tmp_p
     note = reg.get_run(run.id)["note"]
     assert "its recorder was replaced 1 time(s)" in note or "never reached the record" in note
     assert json.loads(json.dumps(note))  # a plain text, shown as it is
+
+
+def test_a_run_on_a_full_disk_can_still_be_stopped(small_disk, tmp_path, monkeypatch):
+    """The run folder (logs, control, result) is on the full disk too: a stop still works, and
+    what the ranks printed that the disk refused is counted in the record."""
+    home, out = small_disk / "home", tmp_path / "out"
+    out.mkdir()
+    monkeypatch.setenv("GPU_LAB_HOME", str(home))
+    run = gpu_lab.launch(train_reporting, 10 ** 6, str(out), 0.01, num_processes=2)
+    assert run.wait_for_step(5, timeout=120), run.status
+    _fill(small_disk)
+    wait_until(lambda: (run.note or "").startswith("the record is paused"), 30,
+               what="the record paused")
+    assert run.stop() == "stopped", (run.status, run.error)
+    assert run.reason == "stopped by the user"
+    assert Registry().get_run(run.id)["status"] == "stopped"
+    assert not _tmp_files(home), _tmp_files(home)
+
+
+def test_a_print_on_a_full_disk_is_counted_not_raised(small_disk):
+    """What a rank's stdout becomes (storage.LogStream): the disk refuses, the print goes on."""
+    log = small_disk / "rank0.log"
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        _fill(small_disk)
+        storage.LogStream.reset()
+        stream = storage.LogStream(fd)
+        print("step 1 loss 0.5" * 1000, file=stream)  # would raise OSError(ENOSPC) on a file
+        stream.buffer.write(b"x" * 5000)
+        assert storage.lost_bytes() >= 15 * 1000 + 5000
+    finally:
+        os.close(fd)
