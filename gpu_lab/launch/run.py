@@ -155,7 +155,7 @@ class Run:
         if self._status != "succeeded":
             detail = f"\n{self.error}" if self.error else (f" ({self.reason})" if self.reason else "")
             raise RunFailedError(f"run {self.id} {self._status}; no result{detail}")
-        if not self.folder.result_file.exists() and self.run_dir.name:
+        if not self.folder.result_file.exists() and self.run_dir.name and self._holds_rank0():
             raise RunFailedError(f"run {self.id} succeeded, but rank 0's return value is not in "
                                  f"{self.folder.result_file} (it could not be written there, "
                                  "or the folder was removed)"
@@ -164,6 +164,14 @@ class Run:
         if isinstance(value, outcome.Unpicklable):
             raise RunFailedError(f"rank 0's return value could not be pickled: {value.reason}")
         return value
+
+    def _holds_rank0(self) -> bool:
+        """Whether global rank 0 ran in this run (node 0 of a multi-node launch holds it)."""
+        try:
+            row = self._registry.get_run(self.id) or {}
+        except Exception:  # noqa: BLE001 - a registry that cannot be read: assume it did
+            return True
+        return not row.get("node_rank")
 
     @property
     def note(self) -> str | None:
