@@ -14,7 +14,7 @@ STAMP := $(VENV)/.stamp-install
 LAB_PORT ?= 8888
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
-.PHONY: lab test install chromium slurm prometheus clean bench gpu-wheels gpu-check
+.PHONY: lab check lint test install chromium slurm prometheus clean bench gpu-wheels gpu-check
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -62,7 +62,17 @@ lab: install
 	$(VENV)/bin/jupyter lab --ip=127.0.0.1 --port=$(LAB_PORT) --notebook-dir=notebooks \
 	  --ServerApp.default_url=/lab/tree/00_overview.ipynb $(ROOT_FLAG)
 
-test: install chromium slurm prometheus gpu-wheels
+# The fast tier: every test that starts no process and takes under half a second (pyproject's
+# markers name the others), about a minute. Run it after every change; `make test` before a merge.
+FAST := not slow and not browser and not slurm and not notebooks and not packaging
+check: install lint
+	GPU_LAB_QUICK=1 $(PY) -m pytest -p no:cacheprovider -q -m "$(FAST)" tests
+
+# ruff with the rules of pyproject's [tool.ruff]: part of check and of test (so of CI)
+lint: install
+	$(VENV)/bin/ruff check gpu_lab tests bench notebooks/refresh.py conftest.py
+
+test: install lint chromium slurm prometheus gpu-wheels
 	GPU_LAB_QUICK=1 PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(PY) -m pytest -p no:cacheprovider tests notebooks \
 	  --nbval-lax --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg
 

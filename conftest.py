@@ -41,6 +41,14 @@ os.environ.setdefault("GPU_LAB_CPU_SLOTS", "64")
 os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
 
 
+def pytest_collection_modifyitems(config, items):
+    import pytest
+
+    for item in items:  # nbval's cells: the notebooks tier
+        if str(getattr(item, "fspath", "")).endswith(".ipynb"):
+            item.add_marker(pytest.mark.notebooks)
+
+
 _LEFT: list[str] = []
 
 

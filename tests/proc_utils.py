@@ -46,7 +46,7 @@ def wait_until(pred, timeout: float, interval: float = 0.05, what: str = "condit
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
-def run_or_dump(cmd: list[str], env: dict, timeout: float) -> "subprocess.CompletedProcess":
+def run_or_dump(cmd: list[str], env: dict, timeout: float) -> "subprocess.CompletedProcess":  # noqa: F821 - imported inside
     """subprocess.run(cmd) with output captured; past `timeout`, every process of its tree is asked
     for its Python stacks (SIGUSR2: the command registers faulthandler for it, and its ranks and
     DataLoader workers inherit that), then killed, and the test fails with the stacks: a hang in

@@ -14,6 +14,8 @@ import pytest
 from bench.lib import loader_method
 from bench.lib.loader_method import LoaderMethodReport
 
+pytestmark = pytest.mark.slow  # starts processes (ranks, kernels, servers) or runs for seconds
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

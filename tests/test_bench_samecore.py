@@ -72,6 +72,7 @@ def test_unavailable_where_a_worker_cannot_have_a_core_of_its_own(monkeypatch, d
                                   8)
 
 
+@pytest.mark.slow  # over half a second
 def test_worker_clock_gives_the_share_of_time_the_workers_decode(data):
     """Read at every batch by `timed_pass`: the workers' decoding threads' time on a CPU over the
     steady state, a share of the wall time (of each worker's)."""

@@ -38,7 +38,8 @@ TUTORIAL = "04_distributed_training.ipynb"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.browser,  # JupyterLab in headless Chromium
+              pytest.mark.timeout(600)]
 
 
 def _launch_cell_index(path: Path) -> int:

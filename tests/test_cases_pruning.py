@@ -12,6 +12,7 @@ def _conv_params(cin, cout, k=3):
     return cin * cout * k * k  # bias=False in tiny_cnn
 
 
+@pytest.mark.slow  # over half a second
 def test_pruned_model_is_smaller_narrower_and_timed_beside_the_original():
     torch.manual_seed(0)
     model = TinyCNN(10, width=32).eval()

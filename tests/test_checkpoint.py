@@ -214,6 +214,7 @@ def _run_child(root: Path, start: int, kill_at_call: int = 0, big: int = 1):
     return proc, parent
 
 
+@pytest.mark.slow  # over half a second
 def test_sigkill_at_random_points_never_leaves_a_bad_checkpoint(tmp_path):
     rng = random.Random(0)
     root = tmp_path / "checkpoints"
@@ -237,6 +238,7 @@ def test_sigkill_at_random_points_never_leaves_a_bad_checkpoint(tmp_path):
           f"checkpoint always loaded, and so did the one before it")
 
 
+@pytest.mark.slow  # over half a second
 def test_sigkill_at_every_durability_step(tmp_path):
     """Kill at each fsync / rename / rmtree of a save that also prunes: every phase of the protocol."""
     # count the durability calls of one save that prunes (two checkpoints exist, keep_last=2)

@@ -26,6 +26,8 @@ from gpu_lab.supervise.claims import (ClaimCancelled, DevicesBusy, host_queue, q
 from gpu_lab.supervise.devices import Resources, cpu_slots, parse_request
 from gpu_lab.telemetry.doubles import FakeNVML
 
+pytestmark = pytest.mark.slow  # starts processes (ranks, kernels, servers) or runs for seconds
+
 ROOT = Path(__file__).resolve().parents[1]
 T = 60.0  # generous deadlines: the host is small and shared
 

@@ -144,6 +144,7 @@ def test_gpus_takes_what_launch_takes_and_the_forms_text(given, kept):
     assert TrainConfig.from_dict({"gpu_ids": "0,1"}).gpus == [0, 1]  # accelerate's name
 
 
+@pytest.mark.slow  # over half a second
 def test_launch_takes_gpus_and_priority_from_the_config(gpu_lab_home, tmp_path, monkeypatch):
     import queue_fns
     from gpu_lab.supervise.claims import host_queue

@@ -21,6 +21,8 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+pytestmark = pytest.mark.slow  # starts processes (ranks, kernels, servers) or runs for seconds
+
 TESTS = Path(__file__).resolve().parent
 
 SETUP = """

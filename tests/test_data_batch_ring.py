@@ -11,6 +11,8 @@ import torch
 from gpu_lab.data import make_synthetic_images, shard_loader, write_shards
 from gpu_lab.data.batch_ring import BatchRing, RingBatch
 
+pytestmark = pytest.mark.slow  # starts processes (ranks, kernels, servers) or runs for seconds
+
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):

@@ -15,6 +15,7 @@ from gpu_lab.diagnostics.loaderbench import BenchReport
 from gpu_lab.data.pagecache import evict, resident_fraction
 
 
+@pytest.mark.slow  # over half a second
 def test_bench_loader_cli_reports_every_measurement(tmp_path, capsys):
     rc = main(["bench", "loader", "--n", "96", "--image-size", "40", "--crop-size", "32",
                "--workers", "2", "--batch-size", "16", "--steps", "3", "--work-dir", str(tmp_path),

@@ -20,6 +20,8 @@ from gpu_lab.data import (ShardError, ShardManifest, make_synthetic_images, norm
 import data_fns
 import proc_utils
 
+pytestmark = pytest.mark.slow  # starts processes (ranks, kernels, servers) or runs for seconds
+
 ROOT = Path(__file__).resolve().parents[1]
 TESTDATA = ROOT.parent / "shared" / "testdata"
 SAMPLE = TESTDATA / "webdataset-sample.tgz"

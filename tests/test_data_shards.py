@@ -10,7 +10,6 @@ import random
 import subprocess
 import sys
 import tarfile
-import time
 from pathlib import Path
 
 import pytest

@@ -102,6 +102,7 @@ def test_bad_arguments_name_the_field(tmp_path, kwargs, field):
     assert field in str(e.value)
 
 
+@pytest.mark.slow  # over half a second
 def test_import_gpu_lab_data_is_cheap_and_headless():
     """`import gpu_lab.data` loads no torch; the whole data package never loads widgets."""
     code = ("import sys, gpu_lab.data; assert 'torch' not in sys.modules, 'torch imported'; "

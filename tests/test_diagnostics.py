@@ -23,6 +23,8 @@ from gpu_lab.units import fmt_bytes
 
 import diagnostics_fns as F
 
+pytestmark = pytest.mark.slow  # starts processes (ranks, kernels, servers) or runs for seconds
+
 ROOT = Path(__file__).resolve().parents[1]
 MiB, GiB = 2**20, 2**30
 
@@ -208,7 +210,7 @@ def test_advisor_estimate_for_resnet50_is_within_25_percent_of_the_profiled_peak
 
 
 def test_dry_run_keeps_the_process_fork_safe_and_bf16_and_checkpointing_shrink_activations():
-    import torch
+    import torch  # noqa: F401 - loaded, as a kernel that trains has it
 
     from gpu_lab.diagnostics import estimate_memory
 
@@ -511,7 +513,7 @@ def test_real_cpu_oom_under_an_allocation_cap_is_triaged_with_its_numbers():
     assert d["batch_size"] == big and 0 < d["requested_bytes"] and d["free_bytes"] < d["requested_bytes"]
     text = str(err)
     assert f"tried to allocate {fmt_bytes(d['requested_bytes'])}" in text
-    assert f"free of 256.00 MiB" in text and f"batch size {big}" in text
+    assert "free of 256.00 MiB" in text and f"batch size {big}" in text
     assert "batch_size=256 (from 512) with grad_accum_steps=2" in text
     fixed = gpu_lab.launch(F.train_capped, small, cap, num_processes=2, name="oom-fixed")
     assert fixed.wait(180) == "succeeded", str(fixed.error)

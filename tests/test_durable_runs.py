@@ -18,7 +18,9 @@ import gpu_lab
 from gpu_lab.record.registry import Registry
 from gpu_lab.train.resume import ResumeMismatchError
 
-from proc_utils import alive, processes, tree, wait_until
+from proc_utils import alive, tree, wait_until
+
+pytestmark = pytest.mark.slow  # starts processes (ranks, kernels, servers) or runs for seconds
 
 TESTS = Path(__file__).parent
 STEPS = 120

@@ -20,6 +20,7 @@ from gpu_lab.record.registry import Registry
 from gpu_lab.cluster import sandbox
 from job_utils import TESTS, job_env
 
+@pytest.mark.slow  # over half a second
 @pytest.mark.timeout(600)
 def test_exported_torchrun_command_runs_two_gloo_ranks_into_the_registry(tmp_path):
     cfg = TrainConfig(max_steps=5, lr=0.05, num_processes=2, tensorboard=False)
@@ -117,6 +118,7 @@ def test_sbatch_script_passes_bash_n_with_signal_requeue_and_resources(tmp_path)
 @pytest.mark.skipif(not sandbox.installed(),
                     reason="Slurm is not installed (`make test` installs Debian's slurmctld, slurmd, "
                            "slurm-client and munge)")
+@pytest.mark.slow  # over half a second
 def test_sbatch_test_only_accepts_the_script(tmp_path):
     """A private one-node cluster (slurmctld + slurmd + munged in a temp dir) schedules the
     generated script: `sbatch --test-only` parses every #SBATCH line and says when it would start."""

@@ -448,6 +448,7 @@ def test_the_gpu_lab_process_refuses_a_split_partition_and_quotes_env(bench, tmp
 @pytest.mark.skipif(not sandbox.installed(),
                     reason="Slurm is not installed (`make test` installs Debian's slurmctld, slurmd, "
                            "slurm-client and munge)")
+@pytest.mark.slow  # over half a second
 def test_real_sbatch_reads_every_directive_of_a_script_with_hostile_env(tmp_path):
     """A private one-node cluster: `sbatch --test-only` accepts the script with every optional
     directive and hostile (accepted) env values, and refuses the same script for a partition it

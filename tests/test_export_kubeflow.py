@@ -54,6 +54,7 @@ def _doc(text: str) -> dict:
     return doc
 
 
+@pytest.mark.slow  # over half a second
 @pytest.mark.parametrize("define_runtime", [False, True], ids=["stock-runtime", "own-runtime"])
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_trainjob_validates_against_the_trainer_v2_crds(crds, shape, define_runtime, tmp_path):

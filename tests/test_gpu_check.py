@@ -13,6 +13,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+pytestmark = pytest.mark.slow  # starts processes (ranks, kernels, servers) or runs for seconds
+
 ROOT = Path(__file__).resolve().parents[1]
 CHECK = ROOT / "bench" / "gpu_check.py"
 sys.path.insert(0, str(ROOT / "bench"))

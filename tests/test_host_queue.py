@@ -21,6 +21,8 @@ from test_record_private import User, users  # noqa: F401 - the fixture: two thr
 from gpu_lab.record import events as ev
 from gpu_lab.record.registry import Registry
 
+pytestmark = pytest.mark.slow  # starts processes (ranks, kernels, servers) or runs for seconds
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # a kernel: launches runs, prints their ids, then waits for them (or blocks until killed)

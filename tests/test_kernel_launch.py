@@ -1,11 +1,15 @@
 """The user's path: a real Jupyter kernel (nbclient) launches 2 gloo ranks and stays free."""
 from __future__ import annotations
 
+import pytest
+
 import json
 from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
+
+pytestmark = pytest.mark.slow  # starts processes (ranks, kernels, servers) or runs for seconds
 
 TESTS = Path(__file__).parent
 

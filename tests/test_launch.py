@@ -23,6 +23,8 @@ from gpu_lab.record.registry import Registry
 import launch_fns
 from proc_utils import alive, tree, wait_until
 
+pytestmark = pytest.mark.slow  # starts processes (ranks, kernels, servers) or runs for seconds
+
 
 def test_two_ranks_form_a_group_and_return_rank0_value():
     from gpu_lab.launch.checks import real_cuda_probe

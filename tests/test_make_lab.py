@@ -18,7 +18,8 @@ import pytest
 
 from lab_utils import ARTIFACTS, ROOT, Lab, free_port, isolated_env, wait_ready
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.packaging,  # builds the wheel, or the lab from a clone
+              pytest.mark.timeout(600)]
 
 
 class _ConfigData(HTMLParser):

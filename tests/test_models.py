@@ -34,6 +34,7 @@ def test_names_are_exactly_the_config_names():
 @pytest.mark.parametrize("name, size", [("tiny_cnn", 32), ("tiny_resnet", 32), ("tiny_vit", 32),
                                         ("tiny_cnn", 8), ("tiny_vit", 64), ("resnet18", 32),
                                         ("resnet50", 32), ("vgg16", 32), ("vit_b_16", 32)])
+@pytest.mark.slow  # over half a second
 def test_build_and_forward(name, size, no_downloads):
     torch.manual_seed(0)
     model = build(name, num_classes=7, image_size=size)
@@ -49,6 +50,7 @@ def test_build_and_forward(name, size, no_downloads):
     assert any(not torch.equal(a, b) for a, b in pairs)
 
 
+@pytest.mark.slow  # over half a second
 def test_tiny_models_learn_in_seconds():
     """A few dozen steps on a separable toy problem: the loss falls by more than half."""
     torch.manual_seed(0)

@@ -19,6 +19,8 @@ from gpu_lab.record.registry import Registry
 import export_fns
 from job_utils import job_env
 
+pytestmark = pytest.mark.slow  # starts processes (ranks, kernels, servers) or runs for seconds
+
 
 @pytest.mark.timeout(600)
 def test_two_nodes_one_process_each_rendezvous_with_c10d():

@@ -18,6 +18,8 @@ from gpu_lab.record.registry import Registry
 
 from job_utils import job_env
 
+pytestmark = pytest.mark.slow  # starts processes (ranks, kernels, servers) or runs for seconds
+
 STEPS = 5
 NODE = """
 import json, sys

@@ -23,6 +23,8 @@ import launch_fns
 from job_utils import job_env
 from proc_utils import wait_until
 
+pytestmark = pytest.mark.slow  # starts processes (ranks, kernels, servers) or runs for seconds
+
 
 class Hook:
     """An HTTP server on a free loopback port that keeps every JSON body POSTed to it."""

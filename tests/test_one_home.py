@@ -4,6 +4,8 @@ text and syntax trees: a second copy of a fact, a "seed 000 §2.2" in a message,
 without a reason or a 100-line function fails them."""
 from __future__ import annotations
 
+import pytest
+
 import ast
 import re
 from pathlib import Path
@@ -38,6 +40,7 @@ def _defined(name: str) -> list[str]:
     return sorted(set(out))
 
 
+@pytest.mark.slow  # over half a second
 def test_each_shared_fact_is_defined_once():
     # the run states
     assert _defined("ACTIVE_STATUSES") == _defined("FINAL_STATUSES") == ["gpu_lab/record/events.py"]
@@ -77,6 +80,7 @@ def _comments(text: str) -> list[tuple[int, str]]:
             if t.type == tokenize.COMMENT]
 
 
+@pytest.mark.slow  # over half a second
 def test_no_citations_in_text_users_see():
     """A user has neither the articles nor their section numbers: help texts, warnings, advice,
     error messages, docstrings and comments give the advice or the fact itself, never "Article A",

@@ -20,6 +20,8 @@ from gpu_lab.rank.script import Script, ScriptError
 
 from proc_utils import alive, tree, wait_until
 
+pytestmark = pytest.mark.slow  # starts processes (ranks, kernels, servers) or runs for seconds
+
 TESTS = Path(__file__).parent
 SCRIPT = TESTS / "own_code" / "train_accel.py"
 EXITS = TESTS / "own_code" / "exits.py"

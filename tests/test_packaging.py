@@ -23,7 +23,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.packaging,  # builds the wheel, or the lab from a clone
+              pytest.mark.timeout(900)]
 
 
 def _clean_copy(dst: Path) -> Path:

@@ -29,9 +29,10 @@ from gpu_lab.telemetry.probe import gpu_count
 from lab_utils import Lab, jupyter_lab
 from proc_utils import alive, tree, wait_until
 
-pytestmark = pytest.mark.skipif(
-    not prometheus_utils.installed(),
-    reason="Debian's prometheus is not installed (`make test` installs it: target `prometheus`)")
+pytestmark = [
+    pytest.mark.slow,  # starts processes (ranks, kernels, servers) or runs for seconds
+    pytest.mark.skipif(not prometheus_utils.installed(), reason="Debian's prometheus is not "
+                       "installed (`make test` installs it: target `prometheus`)")]
 
 TESTS = Path(__file__).resolve().parent
 JOBS = ("gpu_lab", "gpu_lab_token_param", "gpu_lab_no_token")

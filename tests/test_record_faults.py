@@ -24,6 +24,8 @@ from gpu_lab.server.runview import detail
 
 from proc_utils import wait_until
 
+pytestmark = pytest.mark.slow  # starts processes (ranks, kernels, servers) or runs for seconds
+
 STEPS = 3000
 
 

@@ -34,6 +34,7 @@ def _why(events: list[dict], rank: int) -> dict:
     return notes[-1].get("why", {}) if notes else {}
 
 
+@pytest.mark.slow  # over half a second
 def test_a_text_step_among_good_reports_no_longer_loses_the_run():
     run = gpu_lab.launch(record_fns.one_text_step, 50, num_processes=1)
     assert run.wait(120) == "succeeded", run.logs(None) + run.logs(0)
@@ -43,6 +44,7 @@ def test_a_text_step_among_good_reports_no_longer_loses_the_run():
     assert _why(Registry().events(run.id), 0) == {"step": 1}
 
 
+@pytest.mark.slow  # over half a second
 def test_two_ranks_of_good_and_bad_reports_keep_every_good_one(gpu_lab_home):
     n = 40
     run = gpu_lab.launch(record_fns.mixed_reports, n, num_processes=2, name="fuzz")

@@ -23,6 +23,8 @@ from gpu_lab.server import runview
 from gpu_lab.record import levels
 from gpu_lab.readers.runmetrics import ATTACH_POINTS
 
+pytestmark = pytest.mark.slow  # starts processes (ranks, kernels, servers) or runs for seconds
+
 EVENTS = 200_000
 STEPS = EVENTS // 2
 SPIKE_AT = (1, 90_000)
@@ -218,7 +220,7 @@ def test_live_events_continue_an_attached_history_without_gap_or_duplicate():
     assert other.metrics.count("loss", 0) == recorded == len(steps)
 
 
-def test_a_run_without_levels_in_a_registry_we_may_only_read(read_only_view):
+def test_a_run_without_levels_in_a_registry_we_may_only_read(read_only_view):  # noqa: F811
     src, make = read_only_view
     path = src / "registry.db"
     c = sqlite3.connect(path)

@@ -29,6 +29,8 @@ from gpu_lab.record.events import FINAL_STATUSES
 
 from proc_utils import wait_until
 
+pytestmark = pytest.mark.slow  # starts processes (ranks, kernels, servers) or runs for seconds
+
 ROOT = Path(__file__).resolve().parents[1]
 EXTRA = 20  # reports each rank makes after the forger is done
 

@@ -2,10 +2,14 @@
 database at once (seen failing in CI: "database is locked" from the WAL switch)."""
 from __future__ import annotations
 
+import pytest
+
 import multiprocessing as mp
 from pathlib import Path
 
 from gpu_lab.record.registry import Registry
+
+pytestmark = pytest.mark.slow  # starts processes (ranks, kernels, servers) or runs for seconds
 
 
 def _open_and_write(path: str, start, i: int) -> None:

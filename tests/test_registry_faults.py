@@ -187,8 +187,8 @@ def test_registry_check_on_a_healthy_and_a_damaged_file(tmp_path):
 
 
 # --- the server ------------------------------------------------------------------------------------
-def test_the_server_answers_a_damaged_registry_with_advice_and_recovers(jp_fetch, run_loop,
-                                                                        sampler, gpu_lab_home):
+def test_the_server_answers_a_damaged_registry_with_advice_and_recovers(
+        jp_fetch, run_loop, sampler, gpu_lab_home):  # noqa: F811 - fixtures
     import tornado.httpclient
 
     gpu_lab_home.mkdir(parents=True, exist_ok=True)
@@ -209,7 +209,7 @@ def test_the_server_answers_a_damaged_registry_with_advice_and_recovers(jp_fetch
 
 
 def test_the_server_reads_a_read_only_registry_and_refuses_its_writes(
-        jp_fetch, run_loop, sampler, read_only_view, monkeypatch):
+        jp_fetch, run_loop, sampler, read_only_view, monkeypatch):  # noqa: F811
     from test_server import _http_error
 
     src, make = read_only_view
@@ -247,7 +247,8 @@ print("released on request" if ready else "released after 10 s", flush=True)
 """
 
 
-def test_server_gets_never_wait_on_a_writer(jp_fetch, run_loop, sampler, gpu_lab_home):
+def test_server_gets_never_wait_on_a_writer(jp_fetch, run_loop, sampler,  # noqa: F811
+                                            gpu_lab_home):
     """A writer holds the write lock (up to 10 s) while a fresh server opens the registry and
     answers its list, detail and metrics: each answered before the writer let go."""
     gpu_lab_home.mkdir(parents=True, exist_ok=True)
@@ -284,6 +285,7 @@ def test_server_gets_never_wait_on_a_writer(jp_fetch, run_loop, sampler, gpu_lab
 
 
 # --- the WAL ---------------------------------------------------------------------------------------
+@pytest.mark.slow  # over half a second
 def test_the_writer_keeps_the_wal_bounded_under_a_holding_reader(tmp_path, monkeypatch):
     """Small thresholds here so that a few MB of events show it; bench/registry_wal.py measures a
     1M-event run at the real ones."""

@@ -110,6 +110,7 @@ worker_name = f"rank{state.rank}"
     assert run_folder_names(innocent) == []
 
 
+@pytest.mark.slow  # over half a second
 def test_run_folder_names_appear_only_in_runfolder():
     """Every other module asks RunFolder for the run folder's paths."""
     bad = []
@@ -135,6 +136,7 @@ def _defined(name: str) -> list[str]:
     return sorted(set(out))
 
 
+@pytest.mark.slow  # over half a second
 def test_one_stop_exit_code_and_one_set_of_stop_signals():
     from gpu_lab.rank.outcome import STOP_EXIT_CODE, STOP_SIGNALS
     from gpu_lab.train.guards import PREEMPT_EXIT_CODE, PREEMPT_SIGNALS

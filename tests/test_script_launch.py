@@ -1,12 +1,16 @@
 """gpu_lab.launch from a plain Python script, and no orphans when the script exits early."""
 from __future__ import annotations
 
+import pytest
+
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 from proc_utils import alive, processes, wait_until
+
+pytestmark = pytest.mark.slow  # starts processes (ranks, kernels, servers) or runs for seconds
 
 TESTS = Path(__file__).parent
 

@@ -198,6 +198,7 @@ def test_telemetry_rest_returns_host_stats_and_history(jp_fetch, run_loop, sampl
     assert e.value.code == 400 and b"query parameter n" in e.value.response.body
 
 
+@pytest.mark.slow  # over half a second
 def test_websocket_streams_one_sampler_for_many_clients(jp_ws_fetch, run_loop, sampler,
                                                         jp_serverapp):
     hub = jp_serverapp.web_app.settings["gpu_lab"].hub
@@ -401,6 +402,7 @@ def test_resume_refuses_with_the_librarys_message(jp_fetch, run_loop, sampler, l
     assert len(reg.list_runs()) == 2  # nothing launched
 
 
+@pytest.mark.slow  # over half a second
 def test_resume_launches_a_run_that_continues_from_the_checkpoint(jp_fetch, run_loop, sampler,
                                                                   gpu_lab_home, tmp_path):
     import gpu_lab
@@ -524,6 +526,7 @@ def _run_messages(run_loop, ws, run_id, until, timeout=60.0):
     raise AssertionError(f"condition not met in {timeout} s: {state}")
 
 
+@pytest.mark.slow  # over half a second
 def test_run_feed_one_read_per_tick_for_many_followers(jp_ws_fetch, jp_fetch, jp_serverapp,
                                                        run_loop, sampler, live_run):
     run_id, proc = live_run

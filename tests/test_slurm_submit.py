@@ -23,6 +23,8 @@ from gpu_lab.record.registry import Registry
 
 from proc_utils import wait_until
 
+pytestmark = pytest.mark.slurm  # a private Slurm cluster
+
 TESTS = Path(__file__).parent
 STEPS = 12
 

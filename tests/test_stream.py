@@ -1,6 +1,8 @@
 """The event stream: report() never blocks, is bounded, counts what it drops; history is bounded."""
 from __future__ import annotations
 
+import pytest
+
 import time
 
 import zmq
@@ -12,6 +14,8 @@ from gpu_lab.readers.receiver import Receiver
 from gpu_lab.record.recorder import Recorder
 
 from proc_utils import wait_until
+
+pytestmark = pytest.mark.slow  # starts processes (ranks, kernels, servers) or runs for seconds
 
 
 def _recorder(tmp_path, run_id, **kw):

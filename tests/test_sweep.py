@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -16,6 +15,8 @@ import pytest
 
 import gpu_lab
 from gpu_lab.record.registry import Registry
+
+pytestmark = pytest.mark.slow  # starts processes (ranks, kernels, servers) or runs for seconds
 
 optuna = pytest.importorskip("optuna", reason="gpu_lab.sweep needs optuna (a dependency)")
 

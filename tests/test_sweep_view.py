@@ -13,6 +13,8 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+pytestmark = pytest.mark.slow  # starts processes (ranks, kernels, servers) or runs for seconds
+
 pytest.importorskip("optuna", reason="gpu_lab.sweep needs optuna (a dependency)")
 
 TRIALS = 4

@@ -238,6 +238,7 @@ def test_history_is_bounded():
     assert s.history(0) == []
 
 
+@pytest.mark.slow  # over half a second
 def test_one_thread_for_everyone_and_constant_call_rate():
     fake = FakeNVML(2)
     s = Sampler(interval=0.25, gpu=NVMLSampler(nvml=fake, visible=None))
@@ -289,6 +290,7 @@ def test_a_failing_subscriber_does_not_stop_the_others():
     s.close()
 
 
+@pytest.mark.slow  # over half a second
 def test_host_only_mode_with_a_one_line_notice(caplog, monkeypatch):
     monkeypatch.setattr(sampler_mod, "_notice_logged", False)
     caplog.set_level(logging.WARNING, logger="gpu_lab.telemetry")

@@ -30,6 +30,7 @@ def _small_vgg16():
     return m
 
 
+@pytest.mark.slow  # over half a second
 @pytest.mark.parametrize("name", ["tiny_cnn", "tiny_resnet", "tiny_vit", "resnet18", "vgg16"])
 def test_identical_gradients_and_batchnorm_statistics(name):
     torch.manual_seed(0)

@@ -23,7 +23,8 @@ from gpu_lab.models import build
 from gpu_lab.train import fit
 from train_helpers import one_thread  # noqa: F401 - fixture
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.slow,  # starts processes (ranks, kernels, servers) or runs for seconds
+              pytest.mark.usefixtures("one_thread")]
 
 SCRIPT = Path(script.__file__)
 TORCHRUN = Path(sys.executable).with_name("torchrun")

@@ -23,6 +23,8 @@ import torch
 import eval_fns
 import proc_utils
 
+pytestmark = pytest.mark.slow  # starts processes (ranks, kernels, servers) or runs for seconds
+
 CASES = eval_fns.cases(Path())
 SCRIPT = Path(eval_fns.__file__)
 

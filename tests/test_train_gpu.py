@@ -16,7 +16,8 @@ import pytest
 
 from gpu_lab.telemetry.probe import gpu_count
 
-pytestmark = pytest.mark.skipif(gpu_count() == 0, reason="needs a CUDA GPU (NVML sees none)")
+pytestmark = [pytest.mark.slow,  # starts processes (ranks, kernels, servers) or runs for seconds
+              pytest.mark.skipif(gpu_count() == 0, reason="needs a CUDA GPU (NVML sees none)")]
 
 
 def test_fp16_gradscaler_resume_and_gpu_memory(tmp_path):

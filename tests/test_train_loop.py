@@ -86,6 +86,7 @@ def _drain(sock, until: set, last_step: int, log: str, timeout: float = 20.0) ->
     return events
 
 
+@pytest.mark.slow  # over half a second
 def test_train_classifier_learns_and_reports_through_the_stream(tmp_path, event_socket):
     c = cfg(tmp_path, model="tiny_cnn", image_size=32, num_classes=4, batch_size=32, max_steps=24,
             lr=3e-3, eval_every=12, augment="none")
@@ -160,6 +161,7 @@ def test_bf16_autocast_end_to_end_on_cpu(tmp_path):
     assert all(t.dtype == torch.float32 for t in weights.values() if t.is_floating_point())
 
 
+@pytest.mark.slow  # over half a second
 def test_channels_last_activation_checkpointing_and_tensorboard(tmp_path):
     c = cfg(tmp_path, model="tiny_resnet", channels_last=True, activation_checkpointing=True,
             tensorboard=True, max_steps=3)
@@ -274,6 +276,7 @@ class Hungry(torch.nn.Module):
         return self.lin(x.flatten(1))
 
 
+@pytest.mark.slow  # over half a second
 def test_oom_triage_names_batch_and_ordered_suggestions(tmp_path):
     c = cfg(tmp_path, batch_size=16, grad_accum_steps=2, max_steps=2)
     with pytest.raises(TrainingOutOfMemoryError) as e:
@@ -286,6 +289,7 @@ def test_oom_triage_names_batch_and_ordered_suggestions(tmp_path):
     assert "can't allocate memory" in msg  # the allocator's own words are kept
 
 
+@pytest.mark.slow  # over half a second
 def test_oom_retry_halves_the_batch_and_keeps_the_math(tmp_path):
     common = dict(max_steps=3, optimizer="sgd", scheduler="constant", warmup_ratio=0.0,
                   max_grad_norm=None, lr=0.1)
@@ -312,6 +316,7 @@ def test_profiler_window_writes_a_chrome_trace(tmp_path):
 
 
 # --- resume -----------------------------------------------------------------------------------------
+@pytest.mark.slow  # over half a second
 def test_resume_after_stop_matches_an_uninterrupted_run(tmp_path, monkeypatch):
     """One process: stop at step 5 (a kernel request; the end of an epoch whose last step is short),
     resume, compare with a straight run. Data order, optimizer, schedule and dropout RNG must all

@@ -11,6 +11,8 @@ from gpu_lab.tutorial import check_output
 
 from proc_utils import alive, processes, wait_until
 
+pytestmark = pytest.mark.slow  # starts processes (ranks, kernels, servers) or runs for seconds
+
 TESTS = Path(__file__).parent
 
 

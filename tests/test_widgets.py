@@ -84,6 +84,7 @@ class RunDouble:
 
 
 # --- decimation --------------------------------------------------------------------------------
+@pytest.mark.slow  # over half a second
 def test_decimation_is_bounded_and_keeps_spikes():
     rnd = random.Random(0)
     n = 1_000_000
@@ -132,6 +133,7 @@ def test_numpy_decimation_matches_the_reference():
                 assert list(got[0]) == ref[0] and list(got[1]) == ref[1], (m, n, trial)
 
 
+@pytest.mark.slow  # over half a second
 def test_liveplot_memory_and_traces_bounded_over_a_million_steps():
     clock = Clock()
     p = LivePlot(clock=clock, max_points=2000)
@@ -263,6 +265,7 @@ def test_liveplot_traces_toggles_and_panels():
     assert "0x" not in repr(p) and repr(p) == "LivePlot(run=None, ranks=[0, 1], points=22, x='time')"
 
 
+@pytest.mark.slow  # over half a second
 def test_liveplot_follows_a_run_then_detaches():
     from gpu_lab.readers.receiver import get_receiver
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import copy
 import importlib.util
-import io
 import random
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -28,7 +27,7 @@ from typing import Any, Iterator, Sequence
 import torch
 from torch import nn
 
-from ..data.synthetic import COLOURS, SHAPES, TEXTURES, class_spec, render
+from ..data.synthetic import COLOURS, SHAPES, class_spec, render
 from ..train.callbacks import Callback
 
 _TEXTURE_WORDS = {"solid": "", "stripes": "with stripes", "dots": "with dots", "checker": "with checks"}

@@ -134,7 +134,7 @@ def main(argv: list[str]) -> int:
     job = Job(RunFolder(argv[0]))
     try:
         return job.run()
-    except BaseException as exc:  # the record says why the job could not run its ranks
+    except BaseException as exc:  # noqa: BLE001 - the record says why the job could not run its ranks
         import traceback
 
         traceback.print_exc()

@@ -307,7 +307,7 @@ class ShardDataset(IterableDataset):
                 img = (self.transform(decode(s[k])) if self.handover is None
                        else self.handover(s[k], k))
                 label = parse_label(s["cls"])
-            except Exception as exn:  # a bad sample goes to the policy, named with its shard
+            except Exception as exn:  # noqa: BLE001 - a bad sample goes to the policy, named
                 err = ShardError(f"shard {s['__url__']}: sample {s['__key__']!r}: "
                                  f"{type(exn).__name__}: {exn}")
                 err.__cause__ = exn

@@ -158,12 +158,12 @@ def _run_variant(variant: str, model: str, image_size: int, batch_size: int, ste
     cast = (torch.autocast(device, dtype=torch.bfloat16) if prec == "bf16"
             else contextlib.nullcontext())
 
-    def step(m):
+    def step(m):  # x, y, opt: deleted at the end, after the last step (ruff sees the del)
         with cast:
-            loss = F.cross_entropy(m(x), y)
+            loss = F.cross_entropy(m(x), y)  # noqa: F821
         loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        opt.step()  # noqa: F821
+        opt.zero_grad(set_to_none=True)  # noqa: F821
 
     def sync():
         if device == "cuda":

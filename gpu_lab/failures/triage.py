@@ -7,11 +7,9 @@ gpu_lab.failures.explain's job.
 """
 from __future__ import annotations
 
-import json
 import signal
 import time
 import traceback as tb
-from pathlib import Path
 
 from .explain import SUGGESTIONS, explain
 from .kinds import CATEGORIES, COMM, DATA, OOM, SIGNAL, STORAGE, USER, RankFailure

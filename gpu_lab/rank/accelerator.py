@@ -66,7 +66,7 @@ def _destroy_process_group_at_exit() -> None:
         return
     try:
         dist.destroy_process_group()
-    except Exception:  # exiting anyway: a failed clean-up must not replace the exit code
+    except Exception:  # noqa: BLE001 - exiting anyway: a failed clean-up must not replace the exit code
         pass
     time.sleep(0.05)  # releases the GIL; a pending work destructor needs microseconds of it
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from gpu_lab._lazy import lazy_api
 
-from ..record.decimate import decimate_minmax
-from .history import MetricHistory, Series
+from ..record.decimate import decimate_minmax  # noqa: F401 - re-exported
+from .history import MetricHistory, Series  # noqa: F401 - re-exported
 
 # the receiver imports zmq: only when asked for
 __getattr__, __dir__, __all__ = lazy_api(

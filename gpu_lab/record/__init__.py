@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from gpu_lab._lazy import lazy_api
 
-from .events import ENV_ADDRESS, ENV_DEVICE, ENV_RUN_DIR, ENV_RUN_ID
-from .reporter import Reporter, get_reporter, report
+from .events import ENV_ADDRESS, ENV_DEVICE, ENV_RUN_DIR, ENV_RUN_ID  # noqa: F401 - re-exported
+from .reporter import Reporter, get_reporter, report  # noqa: F401 - re-exported
 
 # the recorder imports zmq: only when asked for
 __getattr__, __dir__, __all__ = lazy_api(

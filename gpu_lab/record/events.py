@@ -49,7 +49,7 @@ FINAL_STATUSES = ("succeeded", "failed", "stopped", "lost", "pruned")
 LOST = "its supervisor process ended without recording a final status"  # a lost run's reason
 STATUSES = ACTIVE_STATUSES + FINAL_STATUSES
 
-# Environment variables that a launch sets for its workers (and run_entry for headless runs).
+# Environment variables that a launch sets for its workers (and gpu_lab.rank.headless for headless runs).
 ENV_RUN_ID = "GPU_LAB_RUN_ID"
 ENV_ADDRESS = "GPU_LAB_EVENTS"       # zmq address the run's recorder listens on
 ENV_RUN_DIR = "GPU_LAB_RUN_DIR"      # logs, result, control files of this run
@@ -119,7 +119,7 @@ def decode(raw: bytes) -> list[dict[str, Any]]:
 def _default(o: Any) -> Any:
     try:
         return float(o)
-    except Exception:
+    except Exception:  # noqa: BLE001 - what json cannot take is kept as its repr
         return repr(o)
 
 

@@ -818,7 +818,7 @@ def _last(row: dict) -> dict:
 def _plain(o: Any) -> Any:
     try:
         return float(o)
-    except Exception:
+    except Exception:  # noqa: BLE001 - what json cannot take is kept as its repr
         return repr(o)
 
 

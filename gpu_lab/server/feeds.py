@@ -142,7 +142,7 @@ class RunFeeds:
         try:
             self._sampler().watch(int(feed.pid))
             feed.watched = int(feed.pid)
-        except Exception as e:  # telemetry is a nicety here: the feed goes on without it
+        except Exception as e:  # noqa: BLE001 - telemetry is a nicety here: the feed goes on
             self._log.warning("gpu_lab: could not watch run %s's processes: %s", feed.run_id, e)
 
     def _unwatch(self, feed: _Feed) -> None:
@@ -156,7 +156,7 @@ class RunFeeds:
             await asyncio.sleep(self.interval)
             try:
                 await self.tick()
-            except Exception:  # a bad read must not end the feed of every other run
+            except Exception:  # noqa: BLE001 - a bad read must not end every other run's feed
                 self._log.exception("gpu_lab: run feed tick failed")
 
     async def tick(self) -> None:

@@ -157,5 +157,5 @@ class TelemetryHub:
         self._clients.clear()
         try:
             self._set_subscribed(False)
-        except Exception as e:  # shutting down: log, never raise into the server's cleanup
+        except Exception as e:  # noqa: BLE001 - shutting down: log, never raise into cleanup
             self._log.warning("gpu_lab: could not unsubscribe from the telemetry sampler: %s", e)

@@ -176,7 +176,7 @@ def supervise(spec: Spec) -> None:
                   f"ranks={spec.num_processes} device={spec.device} port={spec.port} "
                   f"devices={[d.index for d in claim.devices]} detach={spec.detach}", flush=True)
             error, in_launch, monitor = _run_ranks(spec, folder)
-            store = None  # the rendezvous had it open too: theirs closes with them
+            store = None  # noqa: F841 - the rendezvous had it open too: theirs closes with them
         except BaseException as exc:  # noqa: BLE001 - the supervisor itself broke
             error, in_launch, monitor = exc, False, None
         _ignore_stop_signals()  # the bookkeeping below must not be cut short

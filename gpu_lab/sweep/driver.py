@@ -282,7 +282,7 @@ def main(argv: list[str]) -> int:
     try:
         driver = Driver(spec, _handed_over())
         state = driver.run()
-    except BaseException as e:  # the sweep's state says it failed, and why (the log has the trace)
+    except BaseException as e:  # noqa: BLE001 - the sweep's state says it failed, and why
         traceback.print_exc()
         if driver is not None:
             driver.study.set_user_attr("error", f"{type(e).__name__}: {e}")

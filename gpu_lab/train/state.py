@@ -104,7 +104,7 @@ def save_training_state(accelerator, model, optimizer, scheduler, *, root: str |
                     "num_processes": accelerator.num_processes}
             result[0] = str(ck.save_checkpoint(root, step, files, meta=meta, keep_last=keep_last,
                                                needed_bytes=need))
-        except Exception as e:  # handed to every rank below, then raised everywhere
+        except Exception as e:  # noqa: BLE001 - handed to every rank below, then raised
             result[0] = e
     if multi:
         if not isinstance(result[0], (str, type(None))):

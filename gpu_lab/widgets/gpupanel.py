@@ -146,7 +146,6 @@ class GPUPanel(Flushes, W.VBox):
 
     # --- drawing ---------------------------------------------------------------------------------
     def _redraw(self) -> None:
-        import numpy as np
 
         samples = list(self.samples)
         if not samples:

@@ -347,7 +347,7 @@ class LaunchPanel(W.VBox):
             else:
                 fn = self.train_fn or _default_train_fn()
                 run = launch(fn, config, detach=self.detach.value, **kw)
-        except Exception as e:  # PreflightError, a refused resume, …: show it, keep the panel usable
+        except Exception as e:  # noqa: BLE001 - PreflightError, a refused resume: show it
             self.run = None
             self._sync_buttons()
             self._say(f"launch failed: {type(e).__name__}: {e}", "#b00")

@@ -28,10 +28,12 @@ from gpu_lab.rank.headless import Topology, derive_run_id, detect_topology
 from proc_utils import wait_until
 from job_utils import TESTS, job_env
 
+pytestmark = pytest.mark.slow  # starts processes (ranks, kernels, servers) or runs for seconds
+
 DOUBLES = TESTS / "slurm_doubles"
 
 
-def run_entry(tmp_path: Path, *args: str, timeout: float = 120, **env_extra):
+def headless(tmp_path: Path, *args: str, timeout: float = 120, **env_extra):
     env = job_env(tmp_path / "home")
     env.update(env_extra)
     return subprocess.run([sys.executable, "-m", "gpu_lab.rank.headless", *args], cwd=tmp_path,
@@ -53,7 +55,7 @@ def write_config(tmp_path: Path, **fields) -> str:
                                                              "not a file"]),
 ])
 def test_bad_input_fails_before_anything_starts(tmp_path, args, words):
-    out = run_entry(tmp_path, *args)
+    out = headless(tmp_path, *args)
     assert out.returncode == 2, out.stdout + out.stderr
     for w in words:
         assert w in out.stderr, (w, out.stderr)
@@ -64,14 +66,14 @@ def test_bad_input_fails_before_anything_starts(tmp_path, args, words):
 
 def test_bad_config_field_is_named(tmp_path):
     (tmp_path / "bad.json").write_text('{"max_steps": 5, "learnig_rate": 0.1}')
-    out = run_entry(tmp_path, "export_fns:train_tiny", "--config", "bad.json")
+    out = headless(tmp_path, "export_fns:train_tiny", "--config", "bad.json")
     assert out.returncode == 2
     assert "learnig_rate" in out.stderr and "learning_rate" in out.stderr
 
 
 def test_alone_records_metrics_and_success(tmp_path):
     cfg = write_config(tmp_path, max_steps=3)
-    out = run_entry(tmp_path, "export_fns:report_only", "--config", cfg, "--run-id", "solo-1",
+    out = headless(tmp_path, "export_fns:report_only", "--config", cfg, "--run-id", "solo-1",
                     "--name", "solo")
     assert out.returncode == 0, out.stderr[-3000:]
     reg = Registry(tmp_path / "home" / "registry.db")
@@ -84,7 +86,7 @@ def test_alone_records_metrics_and_success(tmp_path):
 
 
 def test_exception_marks_the_run_failed_with_its_message(tmp_path):
-    out = run_entry(tmp_path, "export_fns:raises", "--run-id", "boom")
+    out = headless(tmp_path, "export_fns:raises", "--run-id", "boom")
     assert out.returncode == 1
     assert "ValueError: broke on purpose" in out.stderr
     reg = Registry(tmp_path / "home" / "registry.db")
@@ -95,7 +97,7 @@ def test_exception_marks_the_run_failed_with_its_message(tmp_path):
 
 
 def test_sigterm_without_a_guard_is_recorded_as_stopped(tmp_path):
-    out = run_entry(tmp_path, "export_fns:sigterm_self", "--run-id", "term")
+    out = headless(tmp_path, "export_fns:sigterm_self", "--run-id", "term")
     assert out.returncode == 143, out.stderr[-2000:]
     row = Registry(tmp_path / "home" / "registry.db").get_run("term")
     assert row["status"] == "stopped"
@@ -105,7 +107,7 @@ def test_sigterm_without_a_guard_is_recorded_as_stopped(tmp_path):
 def test_slurm_warning_before_fit_starts_still_requeues(tmp_path):
     """SIGUSR1's default action kills a process: a time-limit warning that arrives while the ranks
     still start up must end them with 143 (requeue), not with 138 (lost)."""
-    out = run_entry(tmp_path, "export_fns:sigusr1_self", "--run-id", "usr1")
+    out = headless(tmp_path, "export_fns:sigusr1_self", "--run-id", "usr1")
     assert out.returncode == 143, out.stderr[-2000:]
     row = Registry(tmp_path / "home" / "registry.db").get_run("usr1")
     assert row["status"] == "stopped" and "SIGUSR1" in row["error"]
@@ -114,7 +116,7 @@ def test_slurm_warning_before_fit_starts_still_requeues(tmp_path):
 def test_a_closed_terminal_is_a_stop_too(tmp_path):
     """SIGHUP (a terminal closed, or torchrun's agent passing one on) is one of the stop signals:
     the rank ends 'stopped' with 143, like SIGTERM, instead of dying of it."""
-    out = run_entry(tmp_path, "export_fns:sighup_self", "--run-id", "hup")
+    out = headless(tmp_path, "export_fns:sighup_self", "--run-id", "hup")
     assert out.returncode == 143, out.stderr[-2000:]
     row = Registry(tmp_path / "home" / "registry.db").get_run("hup")
     assert row["status"] == "stopped" and "SIGHUP" in row["error"]
@@ -126,7 +128,7 @@ def test_an_unpicklable_result_is_recorded_and_explained(tmp_path):
     from gpu_lab.launch import RunFailedError
     from gpu_lab.record import events as ev
 
-    out = run_entry(tmp_path, "export_fns:returns_unpicklable", "--run-id", "unp")
+    out = headless(tmp_path, "export_fns:returns_unpicklable", "--run-id", "unp")
     assert out.returncode == 0, out.stderr[-2000:]
     assert "could not be pickled" in out.stderr
     reg = Registry(tmp_path / "home" / "registry.db")
