@@ -115,6 +115,7 @@ def _reachable(modules: dict[str, Path]) -> set[str]:
     return seen
 
 
+@pytest.mark.slow  # over half a second
 def test_every_module_is_reachable_from_where_users_enter():
     """A module that no entry point reaches serves something else (a benchmark, a test): it
     belongs in bench/ or tests/, not in what every user installs."""
@@ -127,6 +128,7 @@ def test_every_module_is_reachable_from_where_users_enter():
                          f"move what only benchmarks use to bench/lib")
 
 
+@pytest.mark.slow  # over half a second
 def test_the_package_never_imports_the_benchmarks():
     bad = []
     for f in PKG.rglob("*.py"):
@@ -150,6 +152,7 @@ USED_WITHOUT_IMPORT = {
 }
 
 
+@pytest.mark.slow  # over half a second
 def test_every_declared_dependency_is_imported():
     """A dependency that nothing imports costs every install for nothing. The import names come
     from the installed distributions; notebooks count (the tutorials are the product too)."""
@@ -315,6 +318,7 @@ def _cycle_report(part: set[str], cycle: list[str], graph: dict[str, dict[str, i
     return "\n".join(lines)
 
 
+@pytest.mark.slow  # over half a second
 def test_no_import_cycle_between_packages():
     """The packages stack in one direction (failures, the record and the rank side at the bottom;
     the views, the server and the command line at the top): no chain of imports, at a module's
@@ -329,6 +333,7 @@ def test_no_import_cycle_between_packages():
         _cycle_report(part, c, graph, _layer) for part, c in cycles)
 
 
+@pytest.mark.slow  # over half a second
 def test_no_import_cycle_inside_a_package():
     """Nor between two modules of one package (launcher -> run -> launcher)."""
     graph = _module_graph()
@@ -336,3 +341,14 @@ def test_no_import_cycle_inside_a_package():
     cycles = _cycles(inside)
     assert not cycles, "import cycles between modules:\n" + "\n".join(
         _cycle_report(part, c, graph) for part, c in cycles)
+
+
+def test_every_module_is_in_the_layout_table_of_the_architecture_notes():
+    """docs/architecture.md's layout names every module of the package, so that the map a new
+    engineer reads first is the whole map."""
+    doc = (PKG.parent / "docs" / "architecture.md").read_text()
+    table = doc[doc.index("## Layout"):doc.index("\n## ", doc.index("## Layout") + 1)]
+    missing = sorted(str(p.relative_to(PKG.parent)) for p in PKG.rglob("*.py")
+                     if p.name != "__init__.py" and "labextension" not in p.parts
+                     and f"`{p.name}`" not in table)
+    assert not missing, "modules docs/architecture.md's layout does not name: " + ", ".join(missing)

@@ -62,7 +62,7 @@ def accelerate_launch(spec: JobSpec) -> Export:
         argv += ["--machine_rank", Ref("${NODE_RANK}")]
         if is_var_ref(spec.master_addr):
             argv += ["--main_process_ip", value(spec.master_addr)]
-    argv += spec.run_entry_args()
+    argv += spec.headless_args()
     command = shell_join([env_assignment(k, v) for k, v in spec.env.items()] + argv)
     n = spec.num_nodes
     text = [

@@ -104,7 +104,7 @@ def slurm_name(field: str, value, what: str, allow_list: bool = False) -> str:
 
 def word(field: str, value, what: str) -> str:
     """Printable text that does not start with '-', which the command before it would read as
-    one of its own options (srun for the python program, run_entry for the config path)."""
+    one of its own options (srun for the python program, gpu_lab.rank.headless for the config path)."""
     text(field, value)
     if value.startswith("-"):
         raise ValueError(f"{field}: got {value!r}; accepted: {what} not starting with '-' (it "

@@ -147,7 +147,7 @@ class JobSpec:
     def function_name(self) -> str:
         return self.entry.split(":", 1)[1]
 
-    def run_entry_args(self, config_path: str | None = None) -> list:
+    def headless_args(self, config_path: str | None = None) -> list:
         """`-m gpu_lab.rank.headless MODULE:FUNCTION --config PATH`: what every rank runs."""
         return ["-m", "gpu_lab.rank.headless", self.entry, "--config",
                 value(config_path or self.config_path)]

@@ -35,7 +35,7 @@ def pod_command(spec: JobSpec) -> list[str]:
                  "--master-port=$(MASTER_PORT)"]
     else:
         args += ["--standalone"]
-    return args + [str(a) for a in spec.run_entry_args(f"{CONFIG_MOUNT}/config.json")]
+    return args + [str(a) for a in spec.headless_args(f"{CONFIG_MOUNT}/config.json")]
 
 
 def pod_env(spec: JobSpec) -> list[dict]:

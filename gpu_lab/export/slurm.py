@@ -82,7 +82,7 @@ export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}"""
 def sbatch_script(spec: JobSpec) -> str:
     g, n = int(spec.nproc_per_node), spec.num_nodes
     env = [shell_join(["export", env_assignment(k, v)]) for k, v in spec.env.items()]
-    run = shell_join(["srun", value(spec.python)] + spec.run_entry_args())
+    run = shell_join(["srun", value(spec.python)] + spec.headless_args())
     body = f"""#!/bin/bash
 # {spec.name}: {n} node(s) x {g} {'GPU' if spec.device == 'cuda' else 'CPU task'}(s), \
 {spec.entry} (exported by gpu_lab)

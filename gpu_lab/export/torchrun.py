@@ -28,7 +28,7 @@ def torchrun_argv(spec: JobSpec, torchrun: str = "torchrun",
         argv += [f"--nnodes={spec.num_nodes}", f"--nproc-per-node={g}",
                  ("--node-rank=", Ref("${NODE_RANK}")), ("--master-addr=", addr),
                  f"--master-port={spec.port}"]
-    return argv + spec.run_entry_args(config_path)
+    return argv + spec.headless_args(config_path)
 
 
 def torchrun(spec: JobSpec) -> Export:

@@ -38,7 +38,7 @@ def runtime_name(spec: JobSpec) -> str:
 
 def node_command(spec: JobSpec) -> list[str]:
     """What each node's container runs: torchrun takes nodes, ranks and rendezvous from PET_*."""
-    return ["torchrun", *map(str, spec.run_entry_args(f"{CONFIG_MOUNT}/config.json"))]
+    return ["torchrun", *map(str, spec.headless_args(f"{CONFIG_MOUNT}/config.json"))]
 
 
 def _shm_volume(spec: JobSpec) -> dict:

@@ -24,6 +24,7 @@ from . import checks as pf
 from .run import FINAL, Run
 from ..supervise.kill import terminate_tree
 from ..supervise.supervisor import Spec, supervise
+from ..supervise.turn import BUSY, ERROR
 
 _launched: "weakref.WeakSet[Run]" = weakref.WeakSet()
 
@@ -263,10 +264,10 @@ def _wait_joined(heard: int, run: Run) -> None:
         word = os.read(heard, 4096) if ready else b""
     finally:
         os.close(heard)
-    if word[:1] == b"b":
+    if word[:1] == BUSY:
         run.wait(timeout=30)  # its failure is recorded before launch() raises
         raise DevicesBusy(f"launch: {word[1:].decode(errors='replace')} (queue=False)", [])
-    if word[:1] == b"e":
+    if word[:1] == ERROR:
         run.wait(timeout=30)
         raise RuntimeError(f"launch: the run could not claim its devices: "
                            f"{word[1:].decode(errors='replace')}")

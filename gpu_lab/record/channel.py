@@ -13,7 +13,7 @@ How the keys travel:
   where the owner's readers (`attach`, the server extension) find it, and to the ranks in the
   environment variable GPU_LAB_EVENTS_KEY (a process's environment is readable by its user only);
   the recorder process gets the server pair on its stdin, and it is never written to disk;
-- a headless rank (run_entry) records through a Recorder in its own process: that Recorder makes
+- a headless rank (gpu_lab.rank.headless) records through a Recorder in its own process: that Recorder makes
   a key of its own, which never leaves the rank's process and its children;
 - the other nodes of a multi-node run (gpu_lab.supervise.multinode) make client pairs of their
   own and send node 0 only the public halves, over the rendezvous store; node 0's recorder admits

@@ -3,8 +3,9 @@
 `report()` appends to a bounded in-process deque (well under a microsecond) and returns. A sender
 thread, started lazily in the process that reports, drains the deque every `interval` seconds,
 converts values to floats there (so a CUDA tensor's .item() sync happens off the training thread),
-and pushes one batch over a zmq PUSH socket with NOBLOCK. If the kernel is slow or gone, the batch
-is dropped and counted, never waited for.
+and pushes one batch over a zmq PUSH socket with NOBLOCK to the run's recorder (the process its
+supervisor started, which writes the record and republishes it). If the recorder is slow or gone,
+the batch is dropped and counted, never waited for.
 
 What cannot be recorded is refused, never raised: a step that is not an int >= 0 (or None) drops
 its whole report, at once; a metric value that is not a number (int, float, a tensor or numpy
@@ -73,9 +74,9 @@ def _to_float(v: Any) -> float | None:
 
 
 class Reporter:
-    """Sends events of one process (one rank) to the kernel's receiver.
+    """Sends events of one process (one rank) to the run's recorder.
 
-    Without an address (outside gpu_lab.launch and run_entry) it only counts: report() stays a
+    Without an address (outside gpu_lab.launch and gpu_lab.rank.headless) it only counts: report() stays a
     cheap no-op, so a training function runs the same under bare notebook_launcher or torchrun.
     """
 
@@ -366,8 +367,8 @@ def reset_reporter() -> None:
 def report(step: int | None = None, **scalars: Any) -> None:
     """Report scalars from inside a training function, on any rank: `report(step, loss=l, lr=lr)`.
 
-    Never blocks and never raises because the kernel is slow or gone; outside a gpu_lab launch it
-    does nothing, so the same function runs under torchrun or bare notebook_launcher.
+    Never blocks and never raises because the run's recorder is slow or gone; outside a gpu_lab
+    launch it does nothing, so the same function runs under torchrun or bare notebook_launcher.
     """
     r = _reporter
     if r is None or r._pid != os.getpid():

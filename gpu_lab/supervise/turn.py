@@ -8,6 +8,11 @@ from typing import Any
 
 from .claims import DevicesBusy, wait_for_devices
 
+# What the supervisor tells its launching kernel over the "joined" pipe, first byte of each word
+# (gpu_lab.launch.launcher reads them): the devices are busy and it may not wait (then why), it
+# could not claim them (then why), it started at once, it has its place in the queue.
+BUSY, ERROR, STARTED, QUEUED = b"b", b"e", b"s", b"q"
+
 
 def try_devices(spec: Any) -> tuple[Any, BaseException | None]:
     """(the run's devices if they are free now, else None; why it may not wait for them): it will
@@ -20,12 +25,12 @@ def try_devices(spec: Any) -> tuple[Any, BaseException | None]:
     except DevicesBusy as exc:
         if spec.queue:  # the kernel hears once the run has its ticket (wait_turn)
             return None, None
-        joined.say(b"b" + str(exc).encode()[:3000])
+        joined.say(BUSY + str(exc).encode()[:3000])
         return None, exc
     except Exception as exc:  # noqa: BLE001 - a claims folder it may not use, say
-        joined.say(b"e" + f"{type(exc).__name__}: {exc}".encode()[:3000])
+        joined.say(ERROR + f"{type(exc).__name__}: {exc}".encode()[:3000])
         return None, exc
-    joined.say(b"s")
+    joined.say(STARTED)
     return claim, None
 
 
@@ -41,12 +46,12 @@ def wait_turn(spec: Any, recorder: Any, claim: Any) -> Any:
 
         def placed(n: int) -> None:
             rec.queued(recorder, n)
-            joined.say(b"q")  # once: gpu_lab.queue() in the kernel now lists the run
+            joined.say(QUEUED)  # once: gpu_lab.queue() in the kernel now lists the run
 
         claim = wait_for_devices(_request(spec), spec.run_id, spec.priority, key=_key(spec),
                                  kind=_kind(spec), submitted=spec.submitted, on_position=placed,
                                  cancelled=lambda: not spec.detach and os.getppid() != parent)
-        joined.say(b"q")  # the devices were free by then: no wait, and a start
+        joined.say(QUEUED)  # the devices were free by then: no wait, and a start
     rec.started(recorder, claim.as_record())
     return claim
 
