@@ -50,7 +50,7 @@ def small_disk(tmp_path):
     """A real, small file system for GPU_LAB_HOME (unmounted after)."""
     disk = tmp_path / "disk"
     disk.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m,mode=0700", "tmpfs", str(disk)],
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m,mode=0700", "tmpfs", str(disk)],
                        capture_output=True, text=True)
     if r.returncode != 0:
         pytest.skip(f"cannot mount a small file system here ({r.stderr.strip()}); mounting needs "
@@ -62,9 +62,15 @@ def small_disk(tmp_path):
             subprocess.run(["umount", "-l", str(disk)], capture_output=True)
 
 
-def _fill(disk: Path) -> Path:
+def _fill(disk: Path) -> Path | None:
+    """Fill the disk with a file of the test's own; None when it is full already (then what
+    fills it is named, for the test that needs the filler to free space)."""
     filler = disk / "filler"
-    with open(filler, "wb") as f:
+    try:
+        f = open(filler, "wb")
+    except OSError:
+        return None
+    with f:
         try:
             while True:
                 f.write(b"\0" * (1 << 16))
@@ -72,6 +78,11 @@ def _fill(disk: Path) -> Path:
         except OSError:
             pass
     return filler
+
+
+def _contents(disk: Path) -> list[tuple[int, str]]:
+    return sorted(((p.stat().st_size, str(p)) for p in disk.rglob("*") if p.is_file()),
+                  reverse=True)[:10]
 
 
 def _progress(out: Path, rank: int) -> list[tuple[int, float]]:
@@ -102,6 +113,8 @@ def test_a_full_disk_pauses_the_record_and_the_training_goes_on(small_disk, tmp_
     assert run.status == "running"
     t_free = None
     if freed:
+        assert filler is not None, ("the disk was full before the test filled it", _contents(
+            small_disk))
         wait_until(lambda: (_progress(out, 0) or [(0, 0)])[-1][0] >= STEPS // 2, 120,
                    what="the ranks half way")
         filler.unlink()
