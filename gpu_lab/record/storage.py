@@ -149,6 +149,9 @@ class LogStream(io.TextIOBase):
     def flush(self) -> None:
         pass
 
+    def reconfigure(self, **_kwargs: object) -> None:
+        """A TextIOWrapper's: nothing to change in an unbuffered UTF-8 stream."""
+
 
 class _RawLog:
     """The bytes side of a LogStream (`sys.stdout.buffer`)."""
