@@ -184,6 +184,14 @@ class Run:
         return (row or {}).get("note") or None
 
     @property
+    def checkpoints(self) -> list[dict]:
+        """The checkpoints the run's code saved, oldest first, as its framework told the record
+        (a Trainer's checkpoint-N folders, Lightning's .ckpt files): [{"step", "path", "t",
+        "exists"}]. fit()'s own are in its output folder (train.resume.find_checkpoint)."""
+        return [dict(c, exists=os.path.exists(c["path"]))
+                for c in self._registry.checkpoints(self.id)]
+
+    @property
     def error(self) -> triage.RunError | None:
         """Each failed rank with its exception type, message, traceback and triage category."""
         if self._error is None and self._status == "failed":
@@ -383,7 +391,9 @@ class Run:
         in a notebook); pass `fn` (and its `args`) otherwise.
 
         A script's run (launch("train.py", ...)) resumes by its own flag: run.resume("--resume",
-        path) launches the same script with its arguments and these after them."""
+        path) launches the same script with its arguments and these after them. With no flag,
+        a Trainer or Lightning script continues from the newest checkpoint the run recorded
+        that still exists (its trainer.train() / trainer.fit() get it when they name none)."""
         from ..rank.address import resolve_entry
         from ..rank.script import Script, load_target
 
@@ -397,6 +407,9 @@ class Run:
             kw = {k: v for k, v in self._launch_kw.items() if k not in ("config", "name",
                                                                         "detach")}
             kw["num_processes"] = kw.get("num_processes") or self.num_processes or None
+            newest = [c for c in self.checkpoints if c["exists"]][-1:]
+            if not extra and newest:  # gpu_lab.rank.frameworks hands it to the framework
+                kw["env"] = {**(kw.get("env") or {}), ev.ENV_RESUME: newest[0]["path"]}
             return type(self)._launch(script.with_args(*extra), name=self.name,
                                       detach=self.detach, **kw)
         if fn is None:

@@ -71,9 +71,21 @@ class Tracker(GeneralTracker):
         if scalars:
             self.tracker.report(step, **scalars)
 
-    def finish(self) -> None:
+    def checkpoint(self, path: Any, step: int | None = None) -> None:
+        """A checkpoint this run saved (listed on the run; what run.resume() continues from)."""
+        self.start()
+        self.tracker.checkpoint(path, self._next - 1 if step is None and self._next else step)
+
+    def flush(self) -> None:
+        """Send what is queued, waiting up to 2 s."""
+        if self._own is not None or self.tracker.enabled:
+            self.tracker.flush(2.0)
+
+    def finish(self, status: str | None = None) -> None:
+        """The end of training: a run of its own ends (`status`, default succeeded, as
+        accelerator.end_training() means); in a run gpu_lab started, what is queued is sent."""
         if self._own is not None:
-            self._own.close()  # accelerator.end_training(): the run succeeded
+            self._own.close(status)
         else:
             self.tracker.flush(2.0)
 

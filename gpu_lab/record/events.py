@@ -14,7 +14,9 @@ An event is a plain dict, JSON-serialisable, with these keys:
                  could not be recorded, both since the sender started; rank -1: the recorder's);
                  for "config", the run's hyperparameters as a flat {name: value} (what
                  accelerate's init_trackers(config=...) or a Trainer's arguments say): merged
-                 into the run's row, shown as its config
+                 into the run's row, shown as its config; for "checkpoint", {"path": str} of a
+                 checkpoint the run's code saved (a Trainer's, Lightning's), at `step`: listed
+                 on the run (Run.checkpoints), what run.resume() points a framework at
     seq   int    given by the run's recorder when it writes the event to the registry: the
                  event's position in the run's record (absent on the way from a rank)
 
@@ -40,7 +42,8 @@ ERROR = "error"
 LOG = "log"
 DROPPED = "dropped"
 CONFIG = "config"
-KINDS = (METRIC, STATUS, ERROR, LOG, DROPPED, CONFIG)
+CHECKPOINT = "checkpoint"
+KINDS = (METRIC, STATUS, ERROR, LOG, DROPPED, CONFIG, CHECKPOINT)
 
 # A run's status, as the registry keeps it and status events carry it.
 ACTIVE_STATUSES = ("pending", "queued", "running", "stopping")
@@ -53,6 +56,7 @@ STATUSES = ACTIVE_STATUSES + FINAL_STATUSES
 ENV_RUN_ID = "GPU_LAB_RUN_ID"
 ENV_ADDRESS = "GPU_LAB_EVENTS"       # zmq address the run's recorder listens on
 ENV_RUN_DIR = "GPU_LAB_RUN_DIR"      # logs, result, control files of this run
+ENV_RESUME = "GPU_LAB_RESUME_FROM"   # a checkpoint a framework's train()/fit() continues from
 ENV_DEVICE = "GPU_LAB_DEVICE"        # "cuda" or "cpu": what gpu_lab.accelerator() should use
 
 

@@ -39,7 +39,7 @@ from urllib.parse import quote
 
 from ..access import SHARE_GROUP, group_name, share_gid
 from .events import ACTIVE_STATUSES as ACTIVE
-from .events import CONFIG, KINDS, METRIC
+from .events import CHECKPOINT, CONFIG, KINDS, METRIC
 from .events import STATUSES
 from .events import TEXT as _TEXT
 from .events import numbers as _numbers
@@ -538,6 +538,12 @@ class Registry:
             configs = [e["data"] for e in events if e["kind"] == CONFIG]
             if configs:  # what the run's own code says of its hyperparameters (a tracker's)
                 _merge_config(c, run_id, configs)
+            saved = [(run_id, e.get("step") or 0, e["data"]["path"], e["t"]) for e in events
+                     if e["kind"] == CHECKPOINT and isinstance(e.get("data"), dict)
+                     and isinstance(e["data"].get("path"), str)]
+            if saved:  # its own table: listing them never scans the run's events
+                c.executemany("INSERT INTO checkpoints (run_id, step, path, t) VALUES (?,?,?,?)",
+                              saved)
             if end is not None:
                 self._check_status(end["status"])
                 c.execute("UPDATE runs SET status=?, ended=COALESCE(ended, ?), "
@@ -698,10 +704,12 @@ class Registry:
         row = self._conn().execute("SELECT summary FROM runs WHERE id=?", (run_id,)).fetchone()
         return _summary_values(row[0] if row else None)
 
-    def add_checkpoint(self, run_id: str, step: int, path: str) -> None:
-        with self._conn() as c:
-            c.execute("INSERT INTO checkpoints (run_id, step, path, t) VALUES (?,?,?,?)",
-                      (run_id, step, path, time.time()))
+    def checkpoints(self, run_id: str) -> list[dict]:
+        """The checkpoints a run's code said it saved ("checkpoint" events), oldest first:
+        [{"step", "path", "t"}]."""
+        rows = self._conn().execute("SELECT step, path, t FROM checkpoints WHERE run_id=? "
+                                    "ORDER BY t, step", (run_id,)).fetchall()
+        return [{"step": r[0], "path": r[1], "t": r[2]} for r in rows]
 
     # --- lost runs -------------------------------------------------------------------------------
     def _as_read(self, row: dict) -> dict:

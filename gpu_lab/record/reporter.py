@@ -189,6 +189,10 @@ class Reporter:
         """The run's hyperparameters ({name: plain value}): merged into the run's config."""
         self._put(ev.CONFIG, dict(values))
 
+    def checkpoint(self, path: str, step: int | None = None) -> None:
+        """A checkpoint the run's code saved at `step` (a folder or a file): listed on the run."""
+        self._put(ev.CHECKPOINT, {"path": os.path.abspath(os.fspath(path))}, step)
+
     # --- the sender thread -----------------------------------------------------------------------
     def _reset_after_fork(self) -> None:
         self._pid = os.getpid()
