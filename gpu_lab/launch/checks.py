@@ -6,10 +6,11 @@ inherit a half-made state. Preflight finds these first and says what to do inste
 """
 from __future__ import annotations
 
-import socket
 import sys
 from dataclasses import dataclass
 from typing import Callable
+
+from ..supervise.ports import free_port, port_in_use  # noqa: F401 - launch's API
 
 
 class PreflightError(RuntimeError):
@@ -143,18 +144,3 @@ def preflight(device: str | None = None) -> None:
     check_imports()
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nobody listens on now (the OS picks it; 29500 is avoided by construction)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            return True
-        return False

@@ -78,6 +78,7 @@ class Spec:
     keys: Any = None  # the run's channel keys (gpu_lab.record.channel.RunKeys)
     joined_fd: int | None = None  # where the kernel hears that the run has its place in the queue
     submitted: float | None = None  # time.time() of the launch: the run's place among the user's
+    port_chosen: bool = False  # the launcher chose the port (then another may replace it)
 
     def __post_init__(self) -> None:
         from ..config import MixedPrecision
@@ -317,17 +318,36 @@ def _run_ranks(spec: Spec, folder: RunFolder) -> tuple[BaseException | None, boo
                          port=spec.port, rdzv_backend=spec.rdzv_backend,
                          mixed_precision=spec.mixed_precision)
         else:
-            notebook_launcher(entry, args=spec.args,
-                              num_processes=spec.num_processes,
-                              mixed_precision=spec.mixed_precision, use_port=str(spec.port),
-                              master_addr=spec.master_addr, node_rank=spec.node_rank,
-                              num_nodes=spec.num_nodes, rdzv_backend=spec.rdzv_backend)
+            for attempt in range(3):
+                try:
+                    notebook_launcher(entry, args=spec.args,
+                                      num_processes=spec.num_processes,
+                                      mixed_precision=spec.mixed_precision,
+                                      use_port=str(spec.port), master_addr=spec.master_addr,
+                                      node_rank=spec.node_rank, num_nodes=spec.num_nodes,
+                                      rdzv_backend=spec.rdzv_backend)
+                    break
+                except Exception as exc:  # noqa: BLE001 - only a taken port is tried again
+                    if not (spec.port_chosen and attempt < 2 and _port_taken(exc)):
+                        raise
+                    # the free port the launcher found was taken before the store bound it
+                    # (no rank has started yet): another one
+                    from .ports import free_port
+
+                    old, spec.port = spec.port, free_port(spec.master_addr)
+                    print(f"gpu_lab supervisor: port {old} was taken before the ranks' store "
+                          f"could listen on it; trying port {spec.port}", file=sys.stderr)
     except BaseException as exc:  # noqa: BLE001 - every outcome is recorded
         _ignore_stop_signals()  # the bookkeeping that follows must not be cut short
         watch.done.set()
         return exc, True, monitor  # (not kept in a local: that would be a reference cycle)
     watch.done.set()
     return None, True, monitor
+
+
+def _port_taken(exc: BaseException) -> bool:
+    text = f"{type(exc).__name__}: {exc}"
+    return "EADDRINUSE" in text or "address already in use" in text.lower()
 
 
 def _keys(spec: Spec) -> Any:
