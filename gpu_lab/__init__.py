@@ -26,6 +26,8 @@ _API = {
     "accelerator": "gpu_lab.launch",
     "report": "gpu_lab.record",
     "Tracker": "gpu_lab.rank.tracker",  # accelerate's log_with: accelerator.log into the record
+    "TrainerCallback": "gpu_lab.rank.hf_trainer",  # a Hugging Face Trainer into the record
+    "LightningLogger": "gpu_lab.rank.lightning_logger",  # Lightning's Trainer and Fabric
     "Reporter": "gpu_lab.record",
     "runs": "gpu_lab.record.registry",
     "queue": "gpu_lab.launch.hostqueue",
@@ -47,6 +49,30 @@ _SUBMODULES = ("config", "record", "readers", "telemetry", "train", "data", "dia
 __getattr__, __dir__, __all__ = lazy_api(__name__, _API, submodules=_SUBMODULES,
                                           modules=("launch", "sweep"))  # a callable package
 __all__ = __all__ + ["__version__"]
+
+
+def load_ipython_extension(shell) -> None:
+    """`%load_ext gpu_lab`: the %%gpu_lab cell magic (gpu_lab.widgets.magic, imported when a
+    cell first uses it)."""
+    def gpu_lab(line: str, cell: str):
+        from .widgets.magic import cell_magic
+
+        return cell_magic(line, cell, shell)
+
+    gpu_lab.__doc__ = "Run the cell on N ranks: %%gpu_lab --ranks 2 --name NAME --as run"
+    shell.register_magic_function(gpu_lab, magic_kind="cell", magic_name="gpu_lab")
+
+
+def _register_magic() -> None:
+    """In IPython, `import gpu_lab` is enough for %%gpu_lab (IPython is loaded there already)."""
+    import sys
+
+    shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
+    if shell is not None and "gpu_lab" not in shell.magics_manager.magics.get("cell", {}):
+        load_ipython_extension(shell)
+
+
+_register_magic()
 
 
 def _jupyter_server_extension_points() -> list[dict]:

@@ -42,6 +42,14 @@ def mode() -> str:
     return "quick" if quick() else "full"
 
 
+def ranks() -> int:
+    """How many ranks gpu_lab.launch() starts here when not told: one per GPU, else 2 on CPU."""
+    from .launch.launcher import default_ranks
+    from .telemetry.probe import gpu_count
+
+    return default_ranks(gpu_count())
+
+
 def workdir(tag: str) -> Path:
     """A fresh folder for one notebook's files (synthetic images, shards, checkpoints) in the
     system temp dir, removed when the kernel shuts down: in full mode a notebook writes hundreds of

@@ -15,6 +15,8 @@ SHARED = ROOT.parent / "shared"
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(1, str(ROOT))  # `bench.lib`, the benchmarks' method, for their tests
 
+from kernel_utils import kernels  # noqa: E402, F401 - real kernels, for any test that asks
+
 
 @pytest.fixture
 def gpu_lab_home(tmp_path, monkeypatch):

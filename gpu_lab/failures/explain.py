@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 
+from .frameworks import world_suggestions
 from .kinds import COMM, DATA, OOM, SIGNAL, STORAGE, USER, RankFailure
 from .oom import oom_sentence, oom_suggestions
 from ..units import fmt_bytes, parse_size
@@ -409,6 +410,8 @@ def explain(failure: RankFailure, exc: BaseException | None = None) -> RankFailu
                                              d.get("samples_read"), d.get("samples_lost"), first)
         failure.suggestions = data_suggestions(d.get("shard"), sample=d.get("sample"),
                                                file=d.get("file"))
+    elif failure.category == USER and world_suggestions(text):
+        failure.explanation, failure.suggestions = world_suggestions(text)
     elif failure.category == STORAGE:
         d = parse_storage(text)
         failure.details = d

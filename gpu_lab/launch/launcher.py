@@ -119,16 +119,22 @@ def _config_of(config: TrainConfig | dict | None, args: tuple) -> TrainConfig | 
     return config
 
 
+def default_ranks(gpus: int) -> int:
+    """The ranks a launch starts when it is not told: one per GPU, else 2 CPU processes."""
+    return gpus if gpus > 0 else 2
+
+
 def _prepare_host(spec: Spec, gpus: int) -> None:
     """The kernel must be safe to fork; then the number of ranks and the port, if not given."""
     pf.preflight(spec.device)
     if spec.num_processes is None:
-        spec.num_processes = gpus if gpus > 0 else 2
+        spec.num_processes = default_ranks(gpus)
         if gpus == 0:
             print("gpu_lab.launch: NVML reports no GPU; launching 2 CPU processes (gloo).",
                   flush=True)
     master_addr = spec.master_addr
     if spec.port is None:
+        spec.port_chosen = True
         spec.port = pf.free_port(master_addr if master_addr in ("127.0.0.1", "localhost")
                                  else "0.0.0.0")
     elif spec.node_rank == 0 and pf.port_in_use(spec.port, "0.0.0.0" if spec.num_nodes > 1

@@ -12,6 +12,10 @@
   accelerate offers no hook for adding one unasked (`"all"` is a fixed list), so its `__init__`
   is wrapped in this process. `log_with="gpu_lab"` and `log_with=gpu_lab.Tracker()` name the
   same one.
+- **Trainer and Lightning record too.** When `transformers.trainer`, Lightning's Trainer or
+  Fabric is imported in the rank (gpu_lab.rank.imports: at import, not before, for code that
+  never uses them), each Trainer gets gpu_lab's callback or logger (gpu_lab.rank.hf_trainer,
+  gpu_lab.rank.lightning_logger) and continues from the checkpoint run.resume() chose.
 - **A rank is not interactive.** A fork of IPython inherits `sys.ps1`, and Lightning then refuses
   `strategy="ddp"`: it is removed.
 - **Ranks do not start ranks.** `torch.multiprocessing.spawn` / `start_processes` (Lightning's
@@ -20,15 +24,21 @@
 """
 from __future__ import annotations
 
-import functools
 import os
 import sys
 from typing import Any, Callable
 
 from ..record import events as ev
+from .imports import DONE as _DONE
+from .imports import when_imported, wrap
 
 CPU_SWITCH = "ACCELERATE_USE_CPU"
-_DONE = "_gpu_lab_adopted"  # marks what was wrapped here, so that prepare() is idempotent
+# what a launched rank patches when the code imports it: module -> hook
+FRAMEWORKS = {"transformers.trainer": "gpu_lab.rank.hf_trainer:adopt",
+              "lightning.pytorch.trainer.trainer": "gpu_lab.rank.lightning_logger:adopt_trainer",
+              "pytorch_lightning.trainer.trainer": "gpu_lab.rank.lightning_logger:adopt_trainer",
+              "lightning.fabric.fabric": "gpu_lab.rank.lightning_logger:adopt_fabric",
+              "lightning_fabric.fabric": "gpu_lab.rank.lightning_logger:adopt_fabric"}
 
 
 class WorldSizeMismatch(RuntimeError):
@@ -53,6 +63,9 @@ def prepare() -> None:
 
     if device_kind() == "cpu":  # the launch's word, else NVML's (a Slurm job's CPU ranks)
         os.environ.setdefault(CPU_SWITCH, "true")
+    if os.environ.get(ev.ENV_ADDRESS):  # a rank of a run gpu_lab records
+        for module, hook in FRAMEWORKS.items():
+            when_imported(module, hook)
     try:
         import accelerate  # noqa: F401 - the patches below need it loaded
     except ImportError:  # code that does not use accelerate
@@ -84,15 +97,6 @@ def check_world(state: Any, what: str) -> None:
         f"num_processes={got}")
 
 
-def _wrap(cls: type, wrapper: Callable) -> None:
-    init = cls.__init__
-    if getattr(init, _DONE, False):
-        return
-    new = functools.wraps(init)(wrapper(init))
-    setattr(new, _DONE, True)
-    cls.__init__ = new
-
-
 def _wrap_accelerate() -> None:
     from accelerate.accelerator import Accelerator
     from accelerate.state import PartialState
@@ -113,8 +117,8 @@ def _wrap_accelerate() -> None:
                 _add_tracker(self)
         return __init__
 
-    _wrap(PartialState, partial_state)
-    _wrap(Accelerator, accelerator)
+    wrap(PartialState, "__init__", partial_state)
+    wrap(Accelerator, "__init__", accelerator)
     from . import tracker  # noqa: F401 - registers the name "gpu_lab" where accelerate can
 
 
