@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import atexit
 import html
-import os
 import shutil
 import sys
 import tempfile
@@ -21,25 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-
-def _env_flag(name: str) -> bool | None:
-    """An on/off environment variable: None when unset or empty, False for 0/false/no, else True."""
-    flag = os.environ.get(name, "").strip()
-    return None if not flag else flag not in ("0", "false", "no")
-
-
-def quick() -> bool:
-    """True without a GPU (NVML's count) or with GPU_LAB_QUICK=1; GPU_LAB_QUICK=0 forces full."""
-    flag = _env_flag("GPU_LAB_QUICK")
-    if flag is not None:
-        return flag
-    from .telemetry.probe import gpu_count
-
-    return gpu_count() == 0
-
-
-def mode() -> str:
-    return "quick" if quick() else "full"
+from .quickmode import env_flag as _env_flag
+from .quickmode import mode, quick  # noqa: F401 - the notebooks' names for them
 
 
 def ranks() -> int:

@@ -99,6 +99,10 @@ long = gpu_lab.launch("own_code/train_lightning.py", "--out", out + "/long", "--
                       "--pace", "0.05", num_processes=2)
 assert long.wait_for_step(3, metric="train_loss", timeout=300), long.status
 res["stopped"] = stop_and_check(long)
+fab_long = gpu_lab.launch("own_code/train_fabric.py", "--out", out + "/fab_long", "--steps",
+                          "100000", "--pace", "0.05", num_processes=2)
+assert fab_long.wait_for_step(3, timeout=300), fab_long.status
+res["fabric_stopped"] = stop_and_check(fab_long)
 wrong = gpu_lab.launch("own_code/train_lightning.py", "--out", out + "/wrong", "--devices", "4",
                        num_processes=2)
 res["wrong"] = {{"status": wrong.wait(300), "error": str(wrong.error)}}
@@ -113,7 +117,8 @@ print(json.dumps(res))
     assert fab["status"] == "succeeded", fab["error"]
     assert fab["steps"] == list(range(20))  # fabric.log(..., step=step)
     assert fab["ckpts"] == [[19, "final.ckpt", True]]  # fabric.save, after its last step
-    assert said["stopped"]["status"] == "stopped" and said["stopped"]["left"] == [], said
+    for key in ("stopped", "fabric_stopped"):
+        assert said[key]["status"] == "stopped" and said[key]["left"] == [], said
     wrong = said["wrong"]
     assert wrong["status"] == "failed"
     assert "devices=4" in wrong["error"] and "world size (2)" in wrong["error"], wrong

@@ -16,10 +16,10 @@ PCIe (tens) or the network (InfiniBand HDR 200 Gb/s = 25 GB/s).
 from __future__ import annotations
 
 import html
-import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..quickmode import quick
 from ..units import MiB, fmt_bytes, parse_size
 
 FULL_RANGE = (8, 256 * MiB)        # nccl-tests -b 8 -e 256M -f 2
@@ -33,9 +33,9 @@ def _parse_one(s: str | int) -> int:
 
 def parse_sizes(spec: str | list | tuple | None = None, factor: int = 2) -> list[int]:
     """Message sizes in bytes: a list, or "MIN:MAX" stepped by `factor` (nccl-tests -b/-e/-f).
-    None: 8 B .. 256 MB, or 8 B .. 1 MB in quick mode (GPU_LAB_QUICK=1)."""
+    None: 8 B .. 256 MB, or 8 B .. 1 MB in quick mode (gpu_lab.quickmode)."""
     if spec is None:
-        lo, hi = QUICK_RANGE if os.environ.get("GPU_LAB_QUICK") == "1" else FULL_RANGE
+        lo, hi = QUICK_RANGE if quick() else FULL_RANGE
     elif isinstance(spec, (list, tuple)):
         out = [_parse_one(s) for s in spec]
         if not out or any(s < 1 for s in out):
@@ -202,7 +202,7 @@ def allreduce_bench(sizes: Any = None, num_processes: int | None = None, *, iter
         raise ValueError(f"num_processes: got {num_processes}; accepted: >= 2 (an all-reduce needs "
                          "peers) or None")
     if budget_s is None:
-        budget_s = 0.05 if os.environ.get("GPU_LAB_QUICK") == "1" else 0.5
+        budget_s = 0.05 if quick() else 0.5
     run = launch(_bench_rank, sz, iters, warmup, dtype, budget_s, num_processes=num_processes,
                  name="allreduce-bench")
     out = run.result(timeout=timeout)

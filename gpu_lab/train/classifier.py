@@ -14,12 +14,14 @@ from .validate import as_config, validate
 
 # Synthetic data set sizes (images are rendered on the fly, so size costs time, not memory).
 SYNTHETIC_TRAIN, SYNTHETIC_EVAL = 2048, 512
-QUICK_TRAIN, QUICK_EVAL = 512, 128  # GPU_LAB_QUICK=1: tutorials and tests on a CPU
+QUICK_TRAIN, QUICK_EVAL = 512, 128  # quick mode: tutorials and tests on a CPU
 
 
 def synthetic_sizes() -> tuple[int, int]:
-    quick = os.environ.get("GPU_LAB_QUICK", "").strip().lower() not in ("", "0", "false", "no")
-    return (QUICK_TRAIN, QUICK_EVAL) if quick else (SYNTHETIC_TRAIN, SYNTHETIC_EVAL)
+    """(train, eval) synthetic images: fewer in quick mode (gpu_lab.quickmode)."""
+    from ..quickmode import quick
+
+    return (QUICK_TRAIN, QUICK_EVAL) if quick() else (SYNTHETIC_TRAIN, SYNTHETIC_EVAL)
 
 
 def datasets(config: TrainConfig):
