@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PROBE = r"""
 import json, os, sys, time
 import numpy  # loaded in any kernel that trains; both paths use it
-from gpu_lab.launch.run import attach
+from gpu_lab.launch.run import attach_run
 from gpu_lab.record.registry import Registry
 from gpu_lab.server import runview
 from bench.lib import full_read
@@ -48,7 +48,7 @@ def rss():
 rss0 = rss()
 t0 = time.perf_counter()
 if what == "attach":
-    run = attach(run_id, registry=reg) if path == "new" else full_read.old_attach(run_id, reg)
+    run = attach_run(run_id, registry=reg) if path == "new" else full_read.old_attach(run_id, reg)
     steps, values = run.metrics.series("loss", 0)
     dt = time.perf_counter() - t0
     shown = SPIKE in run.metrics.series("loss", 1)[1]

@@ -19,6 +19,7 @@ _API = {
     "attach": "gpu_lab.sweep",  # a run's id or name, or a sweep's id
     "sweep": "gpu_lab.sweep",
     "attach_sweep": "gpu_lab.sweep",
+    "attach_run": "gpu_lab.launch",  # gpu_lab.attach, for a run only
     "loguniform": "gpu_lab.sweep",
     "uniform": "gpu_lab.sweep",
     "preflight": "gpu_lab.launch",

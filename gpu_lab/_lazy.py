@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import types
 from importlib import import_module
 from typing import Any, Callable, Iterable
 
@@ -32,3 +33,19 @@ def lazy_api(package: str, api: dict[str, str], *, submodules: Iterable[str] = (
         return list(names)
 
     return __getattr__, __dir__, names
+
+
+class CallableModule(types.ModuleType):
+    """A package that is also its main function: `gpu_lab.launch(...)`, `gpu_lab.sweep(...)`."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.__dict__["_call"](*args, **kwargs)
+
+
+def callable_module(name: str, fn: Callable) -> None:
+    """Make the module `name` callable as `fn`, whatever was imported first (the package or the
+    function through gpu_lab's lazy API); its help() is the function's."""
+    module = sys.modules[name]
+    module._call = fn
+    module.__class__ = CallableModule
+    module.__doc__ = fn.__doc__

@@ -17,7 +17,7 @@ import launch_fns
 from proc_utils import wait_until
 from test_registry_faults import read_only_view  # noqa: F401 - the fixture, as that file makes it
 from bench.lib.records import SPIKE, loss_at, write_record
-from gpu_lab.launch.run import attach
+from gpu_lab.launch.run import attach_run
 from gpu_lab.record.registry import Registry
 from gpu_lab.server import runview
 from gpu_lab.record import levels
@@ -53,7 +53,7 @@ def _is_data(steps, values, rank: int) -> bool:
 
 
 def test_attach_shows_the_spike_in_at_most_the_dashboards_points(long_run):
-    run = attach("long", registry=long_run)
+    run = attach_run("long", registry=long_run)
     assert run.status == "succeeded" and run.done
     for rank in (0, 1):
         steps, values = run.metrics.series("loss", rank)
@@ -116,7 +116,7 @@ def test_run_view_and_compare_show_the_spike_bounded(long_run):
 
 
 def test_frame_and_csv_hold_every_point(long_run, tmp_path):
-    run = attach("long", registry=long_run)
+    run = attach_run("long", registry=long_run)
     df = run.metrics.frame()
     assert len(df) == 2 * EVENTS  # loss and lr of every event
     assert list(df.columns) == ["seq", "rank", "step", "t", "name", "value"]
@@ -172,11 +172,11 @@ def test_a_registry_from_before_levels_opens_and_keeps_them_from_then_on(tmp_pat
     c.close()
 
     reg = Registry(path)  # upgrades: level tables, the notes index, the metrics table moved, and
-    run = attach("old", registry=reg)  # the old runs' levels built from their events, once
+    run = attach_run("old", registry=reg)  # the old runs' levels built from their events, once
     steps, values = run.metrics.series("loss", 1)
     assert SPIKE in values and steps[values.index(SPIKE)] == 15_000
     assert len(values) <= ATTACH_POINTS and run.metrics.count("loss", 1) == n // 2
-    first = attach("first", registry=reg)
+    first = attach_run("first", registry=reg)
     assert first.metrics.series("loss", 0)[0] == list(range(100))
 
     # from then on add_events keeps the old run's levels
@@ -205,7 +205,7 @@ def test_live_events_continue_an_attached_history_without_gap_or_duplicate():
     run = gpu_lab.launch(launch_fns.train_forever, 0.002, num_processes=1)
     try:
         assert run.wait_for_step(30, timeout=120)
-        other = attach(run.id)  # bounded history from the registry, then the live events
+        other = attach_run(run.id)  # bounded history from the registry, then the live events
         seeded = other.metrics.count("loss", 0)
         assert seeded >= 31
         assert other.wait_for_step(seeded + 60, timeout=120)
@@ -238,4 +238,4 @@ def test_a_run_without_levels_in_a_registry_we_may_only_read(read_only_view):  #
         reg = Registry(view / "registry.db")
     p = reg.series("old", 100).series[(0, "loss")]  # built in memory: nothing can be written
     assert p.count == 5000 and len(p.values) <= 100 and SPIKE in p.values
-    assert attach("old", registry=reg).metrics.series("loss", 0)[0][-1] == 4999
+    assert attach_run("old", registry=reg).metrics.series("loss", 0)[0][-1] == 4999

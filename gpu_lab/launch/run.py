@@ -459,8 +459,8 @@ class Run:
                 f"{'GPU' if self.device == 'cuda' else 'CPU'} rank(s){loss}{extra}")
 
 
-def attach(run_id_or_name: str, registry: Registry | None = None) -> Run:
-    """A Run handle on a run of this host, by id or name (the newest run of that name): its
+def attach_run(run_id_or_name: str, registry: Registry | None = None) -> Run:
+    """gpu_lab.attach for a run (a sweep id is not looked for). A Run handle on a run of this host, by id or name (the newest run of that name): its
     recorded history, bounded (each metric series at most ATTACH_POINTS points with each bucket's
     min and max exact, the newest NOTES_KEPT events of each other kind), then its live events.
     Every point is one call away: run.metrics.frame() / to_csv(). Works from any kernel or script,

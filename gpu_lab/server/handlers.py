@@ -216,7 +216,7 @@ class MetricsHandler(_Base):
         self.finish(body, set_content_type=CONTENT_TYPE)
 
 
-class TelemetryWebSocket(WebSocketMixin, websocket.WebSocketHandler, JupyterHandler):
+class LiveWebSocket(WebSocketMixin, websocket.WebSocketHandler, JupyterHandler):
     """The lab's live feed: telemetry samples, and the runs this browser follows (feeds.py).
 
     Messages from the client, at any time:
@@ -355,7 +355,7 @@ def handlers(base_url: str) -> list[tuple[str, type]]:
     return [
         (u("gpu-lab/api/info"), InfoHandler),
         (u("gpu-lab/api/telemetry"), TelemetryHandler),
-        (u("gpu-lab/api/telemetry/ws"), TelemetryWebSocket),
+        (u("gpu-lab/api/telemetry/ws"), LiveWebSocket),
         (u("gpu-lab/api/runs"), RunsHandler),
         (u(f"gpu-lab/api/runs/{_RUN_ID}"), RunHandler),
         (u(f"gpu-lab/api/runs/{_RUN_ID}/events"), RunEventsHandler),

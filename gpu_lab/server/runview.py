@@ -181,7 +181,7 @@ def request_checkpoint(registry: Any, run_id: str) -> dict:
 def resume(registry: Any, run_id: str) -> dict:
     """gpu_lab.attach(run_id).resume(): a new run that continues this one from its newest
     complete checkpoint. ValueError (with the library's message) when it cannot."""
-    from gpu_lab.launch import PreflightError, attach
+    from gpu_lab.launch import PreflightError, attach_run
     from gpu_lab.train.checkpoint import CheckpointError
 
     row = registry.get_run(run_id)
@@ -191,7 +191,7 @@ def resume(registry: Any, run_id: str) -> dict:
         raise ValueError(f"run {run_id} is still {row['status']}: stop it first (Stop saves a "
                          "checkpoint), then resume it")
     try:
-        new = attach(run_id, registry=registry).resume()
+        new = attach_run(run_id, registry=registry).resume()
     except (PreflightError, CheckpointError) as e:  # the user's to act on, like a ValueError
         raise ValueError(str(e)) from e
     return {"run": row_to_wire(registry, registry.get_run(new.id)), "resumed": run_id}

@@ -6,20 +6,9 @@ host queue, pruning from the trials' records. The study is Optuna's, in Optuna's
 (gpu_lab.sweep.study). Views of a sweep live in gpu_lab.widgets.sweepview: this package imports
 no widget.
 """
+from .._lazy import callable_module
 from .handle import Best, Sweep, attach, attach_sweep, sweep
 from .space import Range, loguniform, uniform
 
 __all__ = ["sweep", "Sweep", "Best", "attach", "attach_sweep", "loguniform", "uniform", "Range"]
-
-import sys as _sys
-import types as _types
-
-
-class _CallableModule(_types.ModuleType):
-    """`gpu_lab.sweep(...)` is the sweep function, whether or not the package was imported."""
-
-    def __call__(self, fn, *args, **kwargs):
-        return sweep(fn, *args, **kwargs)
-
-
-_sys.modules[__name__].__class__ = _CallableModule
+callable_module(__name__, sweep)

@@ -89,7 +89,7 @@ class Driver:
         that asked it, died first) gets them now, with the params it was given."""
         import optuna
 
-        from ..launch import attach
+        from ..launch import attach_run
 
         for t in self.study.get_trials(deepcopy=False,
                                        states=(optuna.trial.TrialState.RUNNING,)):
@@ -103,7 +103,7 @@ class Driver:
                 trial.set_user_attr("runs", [r.id for r in runs])
                 self.active[t.number] = TrialRuns(trial, runs, params)
                 continue
-            tr = TrialRuns(trial, [attach(i) for i in ids], dict(t.params))
+            tr = TrialRuns(trial, [attach_run(i) for i in ids], dict(t.params))
             for run in tr.runs:
                 self._watch(run)
             tr.reported = max(t.intermediate_values, default=-1)

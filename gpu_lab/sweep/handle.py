@@ -314,10 +314,10 @@ def attach_sweep(sweep_id: str) -> Sweep:
 
 
 def attach(id_or_name: str, registry: Any = None) -> Any:
-    """gpu_lab.attach: a Sweep for a sweep id, else a Run (gpu_lab.launch.attach)."""
+    """gpu_lab.attach: a Sweep for a sweep id, else a Run (gpu_lab.launch.attach_run)."""
     if isinstance(id_or_name, str) and st.spec_path_exists(id_or_name):
         return attach_sweep(id_or_name)
-    from ..launch import attach as attach_run
+    from ..launch import attach_run
 
     return attach_run(id_or_name, registry)
 

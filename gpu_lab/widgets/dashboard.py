@@ -23,15 +23,15 @@ from .runinfo import FINAL_STATUSES, RunInfo
 def resolve_run(run: Any, registry: Registry | None = None) -> Any:
     """A Run handle stays as it is; a run id or name (str) or a registry row (from gpu_lab.runs())
     becomes an attached Run: its recorded history, then its live events if it is still going."""
-    from ..launch.run import attach
+    from ..launch.run import attach_run
 
     if isinstance(run, str):
         try:
-            return attach(run, registry)
+            return attach_run(run, registry)
         except KeyError as e:
             raise KeyError(f"Dashboard: {e.args[0]}") from None
     if isinstance(run, dict) and "id" in run:
-        return attach(run["id"], registry)
+        return attach_run(run["id"], registry)
     if hasattr(run, "id") and hasattr(run, "status") and hasattr(run, "metrics"):
         return run
     raise TypeError(f"Dashboard: expected a Run (from gpu_lab.launch or gpu_lab.attach), a run id "
