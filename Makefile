@@ -68,9 +68,13 @@ FAST := not slow and not browser and not slurm and not notebooks and not packagi
 check: install lint
 	GPU_LAB_QUICK=1 $(PY) -m pytest -p no:cacheprovider -q -m "$(FAST)" tests
 
-# ruff with the rules of pyproject's [tool.ruff]: part of check and of test (so of CI)
+# ruff with the rules of pyproject's [tool.ruff], and eslint + prettier for extension/src (its
+# eslint.config.mjs, .prettierrc.json; `npm run format` fixes the formatting): part of check and of
+# test (so of CI)
 lint: install
 	$(VENV)/bin/ruff check gpu_lab tests bench notebooks/refresh.py conftest.py
+	@[ -x extension/node_modules/.bin/eslint ] || (cd extension && npm install --no-audit --no-fund)
+	cd extension && npm run --silent lint
 
 test: install lint chromium slurm prometheus gpu-wheels
 	GPU_LAB_QUICK=1 PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(PY) -m pytest -p no:cacheprovider tests notebooks \

@@ -58,8 +58,16 @@ export class ZoomGroup {
 
 /** Rank colours (tab10), the mean drawn thicker in the theme's text colour. */
 export const PALETTE = [
-  '#1f77b4', '#ff7f0e', '#2ca02c', '#d62728', '#9467bd',
-  '#8c564b', '#e377c2', '#7f7f7f', '#bcbd22', '#17becf'
+  '#1f77b4',
+  '#ff7f0e',
+  '#2ca02c',
+  '#d62728',
+  '#9467bd',
+  '#8c564b',
+  '#e377c2',
+  '#7f7f7f',
+  '#bcbd22',
+  '#17becf'
 ];
 
 export function themeColor(name: string, fallback: string): string {
@@ -166,10 +174,11 @@ export class SeriesChart {
       grid: { stroke: gridColor, width: 1 },
       ticks: { stroke: gridColor, width: 1 },
       // the y axis as wide as its longest label (0.002999 needs more room than 0.5)
-      size: idx === 1
-        ? (u: uPlot, values: string[] | null) =>
-          Math.max(40, 16 + 7 * Math.max(0, ...(values ?? []).map(v => (v ?? '').length)))
-        : 36,
+      size:
+        idx === 1
+          ? (u: uPlot, values: string[] | null) =>
+              Math.max(40, 16 + 7 * Math.max(0, ...(values ?? []).map(v => (v ?? '').length)))
+          : 36,
       // steps are whole numbers: no tick at step 2.5
       incrs: idx === 0 && !o.time ? STEP_INCRS : undefined,
       values: (u, splits) => {
@@ -184,7 +193,10 @@ export class SeriesChart {
       width: this._width(),
       height: o.height ?? 200,
       series: [
-        { label: o.time ? 'time' : 'step', value: (u, v) => (v === null ? '–' : o.time ? fmtClock(new Date(v * 1000)) : String(v)) },
+        {
+          label: o.time ? 'time' : 'step',
+          value: (u, v) => (v === null ? '–' : o.time ? fmtClock(new Date(v * 1000)) : String(v))
+        },
         ...series.map(s => ({
           label: s.label,
           stroke: s.color,

@@ -28,7 +28,10 @@ export class CompareView extends Widget {
     toolbar.className = 'jp-GpuLab-rv-toolbar';
     this._x = document.createElement('select');
     this._x.className = 'jp-GpuLab-cmp-x';
-    for (const [value, text] of [['step', 'x: step'], ['time', 'x: seconds since start']]) {
+    for (const [value, text] of [
+      ['step', 'x: step'],
+      ['time', 'x: seconds since start']
+    ]) {
       const o = document.createElement('option');
       o.value = value;
       o.textContent = text;
@@ -125,9 +128,14 @@ export class CompareView extends Widget {
       const swatch = document.createElement('span');
       swatch.className = 'jp-GpuLab-cmp-swatch';
       swatch.style.background = PALETTE[i % PALETTE.length];
-      const cells = [r.name, r.id, r.status, ...d.differ.map(k => String(r.differs[k] ?? '–')),
+      const cells = [
+        r.name,
+        r.id,
+        r.status,
+        ...d.differ.map(k => String(r.differs[k] ?? '–')),
         r.last_step === null ? '–' : String(r.last_step),
-        r.last_loss === null ? '–' : r.last_loss.toPrecision(4)];
+        r.last_loss === null ? '–' : r.last_loss.toPrecision(4)
+      ];
       const first = document.createElement('td');
       first.append(swatch);
       tr.append(first);
@@ -143,8 +151,13 @@ export class CompareView extends Widget {
     for (const name of metricOrder(Object.keys(d.metrics))) {
       let chart = this._chartByMetric.get(name);
       if (!chart) {
-        chart = new SeriesChart({ title: METRIC_TITLES[name] ?? name, time: false, logY: this._logY.checked,
-          syncKey: `gpu-lab-cmp-${this.id}`, zoom: this._zoom });
+        chart = new SeriesChart({
+          title: METRIC_TITLES[name] ?? name,
+          time: false,
+          logY: this._logY.checked,
+          syncKey: `gpu-lab-cmp-${this.id}`,
+          zoom: this._zoom
+        });
         chart.node.dataset.metric = name;
         this._chartByMetric.set(name, chart);
         this._charts.append(chart.node);
@@ -154,9 +167,13 @@ export class CompareView extends Widget {
         const s = d.metrics[name][r.id];
         if (s) {
           const keep = s.value.map((v, j) => j).filter(j => s.value[j] !== null);
-          series.push({ label: r.label, x: keep.map(j => (time ? s.t[j] : s.step[j])),
-            y: keep.map(j => s.value[j] as number), color: PALETTE[i % PALETTE.length],
-            width: 1.75 });
+          series.push({
+            label: r.label,
+            x: keep.map(j => (time ? s.t[j] : s.step[j])),
+            y: keep.map(j => s.value[j] as number),
+            color: PALETTE[i % PALETTE.length],
+            width: 1.75
+          });
         }
       });
       chart.update(series);

@@ -1,17 +1,8 @@
 /**
  * gpu_lab's JupyterLab extension: wires the model to its views and registers the commands.
  */
-import {
-  ILayoutRestorer,
-  JupyterFrontEnd,
-  JupyterFrontEndPlugin
-} from '@jupyterlab/application';
-import {
-  ICommandPalette,
-  MainAreaWidget,
-  Notification,
-  WidgetTracker
-} from '@jupyterlab/apputils';
+import { ILayoutRestorer, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
+import { ICommandPalette, MainAreaWidget, Notification, WidgetTracker } from '@jupyterlab/apputils';
 import { ILauncher } from '@jupyterlab/launcher';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { LabIcon } from '@jupyterlab/ui-components';
@@ -51,7 +42,8 @@ export const gpuLabIcon = new LabIcon({ name: 'gpu_lab:chip', svgstr: chipSvg })
 
 const plugin: JupyterFrontEndPlugin<GpuLabModel> = {
   id: PLUGIN_ID,
-  description: 'GPU Lab: live GPU and host telemetry, runs list, run views with controls, ' +
+  description:
+    'GPU Lab: live GPU and host telemetry, runs list, run views with controls, ' +
     'run comparison, a launcher tile and a status-bar item.',
   autoStart: true,
   optional: [ICommandPalette, ILayoutRestorer, IStatusBar, ILauncher],
@@ -135,7 +127,7 @@ const plugin: JupyterFrontEndPlugin<GpuLabModel> = {
 
     commands.addCommand(CommandIDs.openRunDashboard, {
       label: args => (args.runId ? `GPU Lab: Open Run ${args.runId}` : 'GPU Lab: Open Newest Run'),
-      caption: 'Open a run\'s view: metrics per rank, GPU and host, config, logs, controls',
+      caption: "Open a run's view: metrics per rank, GPU and host, config, logs, controls",
       icon: gpuLabIcon,
       execute: async args => {
         let runId = args.runId as string | undefined;
@@ -186,8 +178,9 @@ const plugin: JupyterFrontEndPlugin<GpuLabModel> = {
     });
 
     commands.addCommand(CommandIDs.newTrainingRun, {
-      label: args => (args.isLauncher ? 'GPU Lab training run' : 'GPU Lab: New Training Run Notebook'),
-      caption: 'A new notebook with a LaunchPanel: a form for the run\'s config and a Launch button',
+      label: args =>
+        args.isLauncher ? 'GPU Lab training run' : 'GPU Lab: New Training Run Notebook',
+      caption: "A new notebook with a LaunchPanel: a form for the run's config and a Launch button",
       icon: gpuLabIcon,
       execute: args => newTrainingNotebook(app, (args.cwd as string) ?? '')
     });

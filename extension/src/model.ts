@@ -136,7 +136,7 @@ export interface IRunEvent {
   kind: 'metric' | 'status' | 'error' | 'log' | 'dropped' | 'config';
   t: number;
   step: number | null;
-  data: Record<string, any>;
+  data: Record<string, unknown>;
 }
 
 /** Whole lines of a run's log file, bytes [from, to). */
@@ -193,6 +193,52 @@ export interface IRunFeedMessage {
   error?: string;
 }
 
+/** What the lab websocket sends (gpu_lab/server/handlers.py LiveWebSocket; feeds.py). */
+export type ServerMessage =
+  | { type: 'snapshot'; latest?: ISample | null; history?: ISample[] }
+  | { type: 'sample'; sample: ISample }
+  | (IRunFeedMessage & { type: 'run' })
+  | { type: 'error'; error?: string; run?: string };
+
+/** What this client sends over the lab websocket (LiveWebSocket's docstring lists the same). */
+export type ClientMessage =
+  { interval: number } | ({ follow: string } & IFeedCursor) | { unfollow: string };
+
+/** A websocket message checked for its shape, or null (not JSON, or nothing this client knows):
+ * the server's side is Python, so the type is a promise checked here, not by the compiler. */
+export function parseServerMessage(text: string): ServerMessage | null {
+  let msg: unknown;
+  try {
+    msg = JSON.parse(text);
+  } catch {
+    return null;
+  }
+  if (typeof msg !== 'object' || msg === null) {
+    return null;
+  }
+  const m = msg as Record<string, unknown>;
+  const isObject = (v: unknown) => typeof v === 'object' && v !== null;
+  switch (m.type) {
+    case 'snapshot':
+      return (m.history === undefined || Array.isArray(m.history)) &&
+        (m.latest === undefined || m.latest === null || isObject(m.latest))
+        ? (m as ServerMessage)
+        : null;
+    case 'sample':
+      return isObject(m.sample) ? (m as ServerMessage) : null;
+    case 'run':
+      return typeof m.run === 'string' &&
+        (m.events === undefined || Array.isArray(m.events)) &&
+        (m.logs === undefined || Array.isArray(m.logs))
+        ? (m as ServerMessage)
+        : null;
+    case 'error':
+      return m.run === undefined || typeof m.run === 'string' ? (m as ServerMessage) : null;
+    default:
+      return null;
+  }
+}
+
 export interface IRunEvents {
   run: IRun;
   events: IRunEvent[];
@@ -241,14 +287,15 @@ export async function requestAPI<T>(path: string, init: RequestInit = {}): Promi
     throw new ServerConnection.NetworkError(error as TypeError);
   }
   const text = await response.text();
-  let data: any = text;
+  let data: unknown = text;
   try {
     data = text ? JSON.parse(text) : {};
   } catch {
     // not JSON (e.g. the Prometheus endpoint): return the text as is
   }
   if (!response.ok) {
-    throw new ServerConnection.ResponseError(response, data?.message || text);
+    const said = (data as { message?: unknown } | null)?.message;
+    throw new ServerConnection.ResponseError(response, typeof said === 'string' ? said : text);
   }
   return data as T;
 }
@@ -315,9 +362,7 @@ export class GpuLabModel {
     }
     this._runsInFlight = true;
     try {
-      const reply = await requestAPI<{ runs: IRun[]; sweeps?: Record<string, ISweep> }>(
-        'api/runs'
-      );
+      const reply = await requestAPI<{ runs: IRun[]; sweeps?: Record<string, ISweep> }>('api/runs');
       this._runs = reply.runs;
       this._sweeps = reply.sweeps ?? {};
       this._runsChanged.emit(this._runs);
@@ -442,10 +487,8 @@ export class GpuLabModel {
   }
 
   private _onMessage(data: string): void {
-    let msg: any;
-    try {
-      msg = JSON.parse(data);
-    } catch {
+    const msg = parseServerMessage(data);
+    if (msg === null) {
       return;
     }
     if (msg.type === 'snapshot') {
@@ -457,14 +500,14 @@ export class GpuLabModel {
       if (this.latest) {
         this._telemetryChanged.emit(this.latest);
       }
-    } else if (msg.type === 'sample' && msg.sample) {
+    } else if (msg.type === 'sample') {
       this._history.push(msg.sample);
       if (this._history.length > HISTORY_LENGTH) {
         this._history.splice(0, this._history.length - HISTORY_LENGTH);
       }
       this._telemetryChanged.emit(msg.sample);
     } else if (msg.type === 'run' || (msg.type === 'error' && msg.run)) {
-      this._follows.get(msg.run)?.handler(msg as IRunFeedMessage);
+      this._follows.get(msg.run as string)?.handler(msg as IRunFeedMessage);
     } else if (msg.type === 'error') {
       console.warn('gpu_lab telemetry:', msg.error);
     }
@@ -478,7 +521,7 @@ export class GpuLabModel {
     }
   }
 
-  private _sendJSON(payload: unknown): void {
+  private _sendJSON(payload: ClientMessage): void {
     if (this._socket?.readyState === WebSocket.OPEN) {
       this._socket.send(JSON.stringify(payload));
     }

@@ -54,7 +54,10 @@ export class RunEndNotices {
     const name = run.name || run.id;
     const took =
       run.started && run.ended ? ` after ${formatDuration(run.ended - run.started)}` : '';
-    let detail = run.status === 'stopped' || run.status === 'pruned' || run.status === 'lost' ? run.reason ?? '' : '';
+    let detail =
+      run.status === 'stopped' || run.status === 'pruned' || run.status === 'lost'
+        ? (run.reason ?? '')
+        : '';
     if (run.status === 'failed') {
       detail = await this._headline(run);
     }

@@ -76,7 +76,10 @@ class GpuCard {
   update(gpu: IGpuStats, history: ReadonlyArray<ISample>): void {
     const pick = (s: ISample) => s.gpus.find(g => g.index === gpu.index);
     this._title.textContent = `GPU ${gpu.index}${gpu.name ? ' · ' + gpu.name : ''}`;
-    this._util.update(formatPct(gpu.util_gpu), history.map(s => pick(s)?.util_gpu));
+    this._util.update(
+      formatPct(gpu.util_gpu),
+      history.map(s => pick(s)?.util_gpu)
+    );
     this._mem.update(
       `${formatMiB(gpu.mem_used_mb)} / ${formatMiB(gpu.mem_total_mb)}`,
       history.map(s => pick(s)?.mem_used_mb),
@@ -121,7 +124,7 @@ class RunCard {
     stats.append('step ', this._step, ' · loss ', this._loss, this._value, this._procs);
     const buttons = el('div', 'jp-GpuLab-run-actions');
     const dash = el('button', 'jp-GpuLab-button jp-GpuLab-open-dashboard', 'View');
-    dash.title = 'Open this run\'s view: live metrics per rank, GPU and host, logs, controls';
+    dash.title = "Open this run's view: live metrics per rank, GPU and host, logs, controls";
     dash.onclick = () => actions.openDashboard(this._run);
     this._stop = el('button', 'jp-GpuLab-button jp-GpuLab-stop', 'Stop');
     this._stop.title = 'Stop the run: SIGTERM to its process group, SIGKILL after a grace period';
@@ -148,20 +151,24 @@ class RunCard {
   update(run: IRun, sweep?: ISweep): void {
     this._run = run;
     this.node.dataset.status = run.status;
-    const seed = run.trial_seed === null || run.trial_seed === undefined
-      ? '' : ` · seed ${run.trial_seed}`;
-    this._name.textContent = sweep && run.trial !== null && run.trial !== undefined
-      ? `trial ${run.trial}${seed}` : run.name || run.id;
-    this._name.title = `${run.id}${run.num_processes ? ` · ${run.num_processes} processes` : ''}` +
+    const seed =
+      run.trial_seed === null || run.trial_seed === undefined ? '' : ` · seed ${run.trial_seed}`;
+    this._name.textContent =
+      sweep && run.trial !== null && run.trial !== undefined
+        ? `trial ${run.trial}${seed}`
+        : run.name || run.id;
+    this._name.title =
+      `${run.id}${run.num_processes ? ` · ${run.num_processes} processes` : ''}` +
       `${run.error ? `\n${run.error}` : ''}`;
     this._status.textContent = statusText(run);
-    this._status.title = run.reason ?? '';  // why it waits (Slurm's reason), why it stopped
+    this._status.title = run.reason ?? ''; // why it waits (Slurm's reason), why it stopped
     this._status.className = `jp-GpuLab-run-status jp-GpuLab-status-${run.status}`;
     this._step.textContent = run.last_step === null ? '–' : String(run.last_step);
     this._loss.textContent = run.last_loss === null ? '–' : run.last_loss.toPrecision(4);
     this._procs.textContent = run.num_processes ? ` · ${run.num_processes} proc` : '';
     this._value.textContent = sweep?.metric
-      ? ` · ${sweep.metric} ${formatValue(run.sweep_value)}` : '';
+      ? ` · ${sweep.metric} ${formatValue(run.sweep_value)}`
+      : '';
     this._stop.style.display = isActive(run.status) ? '' : 'none';
     this._note.textContent = run.note ?? '';
     this._note.title = run.note ?? '';
@@ -217,9 +224,18 @@ class SweepGroup {
   update(sweep: ISweep | undefined, runs: IRun[]): void {
     this._sweep = sweep;
     const s: ISweep = sweep ?? {
-      id: this._id, name: this._id, metric: null, direction: null, trials: null, seeds: 1,
-      started: runs.length, done: runs.filter(r => !isActive(r.status)).length,
-      active: runs.filter(r => isActive(r.status)).length, pruned: 0, best: null, best_run: null
+      id: this._id,
+      name: this._id,
+      metric: null,
+      direction: null,
+      trials: null,
+      seeds: 1,
+      started: runs.length,
+      done: runs.filter(r => !isActive(r.status)).length,
+      active: runs.filter(r => isActive(r.status)).length,
+      pruned: 0,
+      best: null,
+      best_run: null
     };
     this._title.textContent = s.name;
     this._title.title = `sweep ${s.id}`;
@@ -236,11 +252,14 @@ class SweepGroup {
     this._line.textContent = parts.join(' · ');
     this.node.dataset.done = String(s.done);
     this.node.dataset.best = s.best === null ? '' : String(s.best);
-    this._compareIds = bestFirst(runs, s).slice(0, MAX_COMPARE).map(r => r.id);
+    this._compareIds = bestFirst(runs, s)
+      .slice(0, MAX_COMPARE)
+      .map(r => r.id);
     this._compare.disabled = this._compareIds.length < 2;
-    this._compare.title = runs.length > MAX_COMPARE
-      ? `Compare the curves of the best ${MAX_COMPARE} of these ${runs.length} runs`
-      : 'Compare the curves of these runs, named by the parameters in which they differ';
+    this._compare.title =
+      runs.length > MAX_COMPARE
+        ? `Compare the curves of the best ${MAX_COMPARE} of these ${runs.length} runs`
+        : 'Compare the curves of these runs, named by the parameters in which they differ';
   }
 
   private _id: string;
@@ -435,7 +454,10 @@ export class GpuLabPanel extends Widget {
         continue;
       }
       group.update(sweeps[id], mine);
-      placeChildren(group.trials, mine.map(r => this._runCards.get(r.id)!.node));
+      placeChildren(
+        group.trials,
+        mine.map(r => this._runCards.get(r.id)!.node)
+      );
     }
     placeChildren(this._runsList, top);
     this._onSelect();

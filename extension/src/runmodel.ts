@@ -411,15 +411,21 @@ export class RunViewModel {
       series.append(t, t, v);
     };
     add('host.cpu_pct', s.host.cpu_pct);
-    add('host.ram_used_gib', s.host.ram_used_mb === null || s.host.ram_used_mb === undefined
-      ? null : s.host.ram_used_mb / 1024);
+    add(
+      'host.ram_used_gib',
+      s.host.ram_used_mb === null || s.host.ram_used_mb === undefined
+        ? null
+        : s.host.ram_used_mb / 1024
+    );
     for (const g of s.gpus) {
       if (Object.keys(g.process_mem_mb ?? {}).some(pid => this.pids.has(pid))) {
         this.runGpus.add(g.index);
       }
       add(`gpu${g.index}.util_gpu`, g.util_gpu);
-      add(`gpu${g.index}.mem_used_gib`, g.mem_used_mb === null || g.mem_used_mb === undefined
-        ? null : g.mem_used_mb / 1024);
+      add(
+        `gpu${g.index}.mem_used_gib`,
+        g.mem_used_mb === null || g.mem_used_mb === undefined ? null : g.mem_used_mb / 1024
+      );
       add(`gpu${g.index}.power_w`, g.power_w);
     }
     return true;

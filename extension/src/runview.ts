@@ -83,12 +83,24 @@ export class RunView extends Widget {
     this._meta = el('div', 'jp-GpuLab-rv-meta');
     this._why = el('div', 'jp-GpuLab-rv-meta');
     const controls = el('div', 'jp-GpuLab-rv-controls');
-    this._stop = this._button('Stop', 'jp-GpuLab-rv-stop',
-      'Stop the run: its ranks save a checkpoint, then end', () => this._onStop());
-    this._checkpoint = this._button('Checkpoint now', 'jp-GpuLab-rv-checkpoint',
-      'Save a checkpoint at the next step boundary', () => this._onCheckpoint());
-    this._resume = this._button('Resume', 'jp-GpuLab-rv-resume',
-      'Launch a new run that continues this one from its newest checkpoint', () => this._onResume());
+    this._stop = this._button(
+      'Stop',
+      'jp-GpuLab-rv-stop',
+      'Stop the run: its ranks save a checkpoint, then end',
+      () => this._onStop()
+    );
+    this._checkpoint = this._button(
+      'Checkpoint now',
+      'jp-GpuLab-rv-checkpoint',
+      'Save a checkpoint at the next step boundary',
+      () => this._onCheckpoint()
+    );
+    this._resume = this._button(
+      'Resume',
+      'jp-GpuLab-rv-resume',
+      'Launch a new run that continues this one from its newest checkpoint',
+      () => this._onResume()
+    );
     this._message = el('div', 'jp-GpuLab-rv-message');
     controls.append(this._stop, this._checkpoint, this._resume);
     header.append(titleRow, this._meta, this._why, controls, this._message);
@@ -105,15 +117,25 @@ export class RunView extends Widget {
     this._logY.onchange = () => this._rebuildMetricCharts();
     const logLabel = el('label', 'jp-GpuLab-rv-toggle');
     logLabel.append(this._logY, ' log y');
-    const reset = this._button('Reset zoom', 'jp-GpuLab-rv-reset',
-      'Show every point again (or double-click a chart)', () => {
+    const reset = this._button(
+      'Reset zoom',
+      'jp-GpuLab-rv-reset',
+      'Show every point again (or double-click a chart)',
+      () => {
         this._zooms.step.reset();
         this._zooms.time.reset();
-      });
+      }
+    );
     this._live = el('span', 'jp-GpuLab-rv-live');
-    toolbar.append(el('span', 'jp-GpuLab-rv-label', 'x:'), this._xStep.label, this._xTime.label,
-      logLabel, reset, el('span', 'jp-GpuLab-rv-hint', 'drag to zoom, double-click to reset'),
-      this._live);
+    toolbar.append(
+      el('span', 'jp-GpuLab-rv-label', 'x:'),
+      this._xStep.label,
+      this._xTime.label,
+      logLabel,
+      reset,
+      el('span', 'jp-GpuLab-rv-hint', 'drag to zoom, double-click to reset'),
+      this._live
+    );
 
     this._metrics = el('div', 'jp-GpuLab-rv-grid jp-GpuLab-rv-metrics');
     this._metrics.dataset.section = 'metrics';
@@ -139,8 +161,18 @@ export class RunView extends Widget {
     notesBox.append(this._notes);
     lower.append(logsBox, notesBox);
 
-    this.node.append(header, this._failure, toolbar, el('h3', '', 'Training'), this._metrics,
-      el('h3', '', 'Host and GPUs (time)'), this._systemNote, this._system, configBox, lower);
+    this.node.append(
+      header,
+      this._failure,
+      toolbar,
+      el('h3', '', 'Training'),
+      this._metrics,
+      el('h3', '', 'Host and GPUs (time)'),
+      this._systemNote,
+      this._system,
+      configBox,
+      lower
+    );
     this.model.changed.connect(this._onChange, this);
   }
 
@@ -231,15 +263,25 @@ export class RunView extends Widget {
     this.node.dataset.status = row.status;
     this._why.replaceChildren();
     if (row.resumed_from) {
-      this._why.append(el('div', 'jp-GpuLab-rv-resumed',
-        `continues run ${row.resumed_from.run ?? '?'} from step ${row.resumed_from.step}`));
+      this._why.append(
+        el(
+          'div',
+          'jp-GpuLab-rv-resumed',
+          `continues run ${row.resumed_from.run ?? '?'} from step ${row.resumed_from.step}`
+        )
+      );
     }
     if (row.job?.id) {
       const where = row.job.nodes ? ` on ${row.job.nodes}` : '';
       const attempt = row.job.attempt ? ` · attempt ${row.job.attempt + 1}` : '';
-      this._why.append(el('div', 'jp-GpuLab-rv-job',
-        `${row.job.scheduler === 'slurm' ? 'Slurm' : row.job.scheduler} job ${row.job.id}` +
-        `${row.job.state ? ` (${row.job.state})` : ''}${where}${attempt}`));
+      this._why.append(
+        el(
+          'div',
+          'jp-GpuLab-rv-job',
+          `${row.job.scheduler === 'slurm' ? 'Slurm' : row.job.scheduler} job ${row.job.id}` +
+            `${row.job.state ? ` (${row.job.state})` : ''}${where}${attempt}`
+        )
+      );
     }
     // a queued job's reason is the scheduler's (why it waits); an ended run's, why it ended
     if (row.reason && (!isActive(row.status) || row.status === 'queued')) {
@@ -272,7 +314,9 @@ export class RunView extends Widget {
       row.started ? `started ${new Date(row.started * 1000).toLocaleString()}` : '',
       row.started ? `ran ${formatDuration((row.ended ?? Date.now() / 1000) - row.started)}` : '',
       step !== null && step !== undefined ? `step ${step}` : ''
-    ].filter(Boolean).join(' · ');
+    ]
+      .filter(Boolean)
+      .join(' · ');
   }
 
   private _renderFailure(row: IRun): void {
@@ -283,7 +327,9 @@ export class RunView extends Widget {
       return;
     }
     this._failure.append(el('h3', '', `Failed${f?.category ? ` · ${f.category}` : ''}`));
-    this._failure.append(el('pre', 'jp-GpuLab-rv-triage', f?.text || row.error || 'the run failed'));
+    this._failure.append(
+      el('pre', 'jp-GpuLab-rv-triage', f?.text || row.error || 'the run failed')
+    );
     for (const r of f?.ranks ?? []) {
       if (r.traceback) {
         const d = el('details', 'jp-GpuLab-rv-traceback');
@@ -333,7 +379,9 @@ export class RunView extends Widget {
     const ranks = m.row?.num_processes ?? 1;
     const names = metricOrder([...m.metrics.keys()]);
     if (!names.length) {
-      this._metrics.textContent = m.isActive ? 'Waiting for the first report…' : 'No metrics reported.';
+      this._metrics.textContent = m.isActive
+        ? 'Waiting for the first report…'
+        : 'No metrics reported.';
       return;
     }
     if (!this._metricCharts.size) {
@@ -352,7 +400,9 @@ export class RunView extends Widget {
         chart.node.dataset.metric = name;
         this._metricCharts.set(name, chart);
         // charts keep their place: insert in metric order
-        const next = names.slice(names.indexOf(name) + 1).map(n => this._metricCharts.get(n))
+        const next = names
+          .slice(names.indexOf(name) + 1)
+          .map(n => this._metricCharts.get(n))
           .find(c => c);
         this._metrics.insertBefore(chart.node, next?.node ?? null);
       }
@@ -360,18 +410,30 @@ export class RunView extends Widget {
     }
   }
 
-  private _metricSeries(byKey: Map<string, BoundedSeries>, x: 'step' | 'time',
-    ranks: number): IChartSeries[] {
+  private _metricSeries(
+    byKey: Map<string, BoundedSeries>,
+    x: 'step' | 'time',
+    ranks: number
+  ): IChartSeries[] {
     const keys = [...byKey.keys()].filter(k => k !== MEAN).sort((a, b) => +a - +b);
     const out: IChartSeries[] = keys.map(k => {
       const s = byKey.get(k)!;
-      return { label: `rank ${k}`, x: x === 'step' ? s.steps : s.times, y: s.values,
-        color: PALETTE[+k % PALETTE.length] };
+      return {
+        label: `rank ${k}`,
+        x: x === 'step' ? s.steps : s.times,
+        y: s.values,
+        color: PALETTE[+k % PALETTE.length]
+      };
     });
     const mean = byKey.get(MEAN);
     if (mean && (ranks > 1 || keys.length > 1)) {
-      out.push({ label: 'mean', x: x === 'step' ? mean.steps : mean.times, y: mean.values,
-        color: themeColor('--jp-ui-font-color0', '#111'), width: 2.25 });
+      out.push({
+        label: 'mean',
+        x: x === 'step' ? mean.steps : mean.times,
+        y: mean.values,
+        color: themeColor('--jp-ui-font-color0', '#111'),
+        width: 2.25
+      });
     }
     return out;
   }
@@ -379,7 +441,9 @@ export class RunView extends Widget {
   private _renderSystem(): void {
     const tel = this.model.telemetry;
     const mine = this.model.runGpus;
-    const gpus = new Set([...tel.keys()].filter(k => k.startsWith('gpu')).map(k => k.split('.')[0]));
+    const gpus = new Set(
+      [...tel.keys()].filter(k => k.startsWith('gpu')).map(k => k.split('.')[0])
+    );
     this._systemNote.textContent = !gpus.size
       ? 'No GPU visible to NVML on this host: host readings only.'
       : mine.size
@@ -394,8 +458,12 @@ export class RunView extends Widget {
           if (hit[1] !== undefined && mine.size && !mine.has(i)) {
             continue; // another run's GPU
           }
-          series.push({ label: hit[1] === undefined ? spec.title : `GPU ${i}`, x: s.times,
-            y: s.values, color: PALETTE[i % PALETTE.length] });
+          series.push({
+            label: hit[1] === undefined ? spec.title : `GPU ${i}`,
+            x: s.times,
+            y: s.values,
+            color: PALETTE[i % PALETTE.length]
+          });
         }
       }
       if (!series.length) {
@@ -404,8 +472,14 @@ export class RunView extends Widget {
       series.sort((a, b) => a.label.localeCompare(b.label, undefined, { numeric: true }));
       let chart = this._systemCharts.get(spec.id);
       if (!chart) {
-        chart = new SeriesChart({ title: spec.title, unit: spec.unit, time: true, height: 150,
-          syncKey: `gpu-lab-time-${this.model.runId}`, zoom: this._zooms.time });
+        chart = new SeriesChart({
+          title: spec.title,
+          unit: spec.unit,
+          time: true,
+          height: 150,
+          syncKey: `gpu-lab-time-${this.model.runId}`,
+          zoom: this._zooms.time
+        });
         chart.node.dataset.system = spec.id;
         this._systemCharts.set(spec.id, chart);
         this._system.append(chart.node);
@@ -418,15 +492,25 @@ export class RunView extends Widget {
     const notes = this.model.notes;
     this._notes.replaceChildren();
     if (!notes.length) {
-      this._notes.append(el('div', 'jp-GpuLab-empty', 'Nothing noted yet (checkpoints, warnings and dropped reports show here).'));
+      this._notes.append(
+        el(
+          'div',
+          'jp-GpuLab-empty',
+          'Nothing noted yet (checkpoints, warnings and dropped reports show here).'
+        )
+      );
     }
     for (const e of notes.slice().reverse()) {
-      const text = e.kind === 'dropped' ? droppedText(e.data)
-        : String(e.data.text ?? e.data.message ?? JSON.stringify(e.data));
+      const text =
+        e.kind === 'dropped'
+          ? droppedText(e.data)
+          : String(e.data.text ?? e.data.message ?? JSON.stringify(e.data));
       const row = el('div', `jp-GpuLab-rv-notes-item jp-mod-${e.kind}`);
-      row.append(el('span', 'jp-GpuLab-rv-notes-time', clock(e.t)),
+      row.append(
+        el('span', 'jp-GpuLab-rv-notes-time', clock(e.t)),
         el('span', 'jp-GpuLab-rv-notes-rank', e.rank >= 0 ? `rank ${e.rank}` : 'run'),
-        el('span', 'jp-GpuLab-rv-notes-text', text));
+        el('span', 'jp-GpuLab-rv-notes-text', text)
+      );
       this._notes.append(row);
     }
     // say when the checkpoint asked for from here is in
@@ -522,10 +606,13 @@ export class RunView extends Widget {
     try {
       const out = await this.model.resume();
       const from = out.run.resumed_from;
-      this._say(`Resumed as run ${out.run.id}` +
-        (from ? ` from step ${from.step}` : '') + '.', 'info');
-      const open = this._button('Open it', 'jp-GpuLab-rv-open-resumed', 'Open the new run',
-        () => this._actions.openRun(out.run.id));
+      this._say(
+        `Resumed as run ${out.run.id}` + (from ? ` from step ${from.step}` : '') + '.',
+        'info'
+      );
+      const open = this._button('Open it', 'jp-GpuLab-rv-open-resumed', 'Open the new run', () =>
+        this._actions.openRun(out.run.id)
+      );
       this._message.append(' ', open);
     } catch (error) {
       this._say(`Could not resume: ${(error as Error).message}`, 'error');
@@ -549,16 +636,23 @@ export class RunView extends Widget {
     b.textContent = text;
   }
 
-  private _button(text: string, className: string, title: string,
-    onclick: () => void): HTMLButtonElement {
+  private _button(
+    text: string,
+    className: string,
+    title: string,
+    onclick: () => void
+  ): HTMLButtonElement {
     const b = el('button', `jp-GpuLab-button ${className}`, text);
     b.title = title;
     b.onclick = onclick;
     return b;
   }
 
-  private _radio(name: string, value: string, checked: boolean):
-    { input: HTMLInputElement; label: HTMLLabelElement } {
+  private _radio(
+    name: string,
+    value: string,
+    checked: boolean
+  ): { input: HTMLInputElement; label: HTMLLabelElement } {
     const input = el('input');
     input.type = 'radio';
     input.name = `${name}-${this.model.runId}`;
@@ -608,16 +702,22 @@ export class RunView extends Widget {
 
 /** A `dropped` note: reports lost on the way (the run reported faster than it could be recorded)
  * and reports refused because they could not be recorded, with the reasons. */
-function droppedText(data: Record<string, any>): string {
+function droppedText(data: Record<string, unknown>): string {
   const parts: string[] = [];
   if (Number(data.count) > 0 && data.text) {
-    parts.push(String(data.text));  // the recorder said why (a restart, not a flood)
+    parts.push(String(data.text)); // the recorder said why (a restart, not a flood)
   } else if (Number(data.count) > 0) {
-    parts.push(`dropped ${data.count} report(s): the run reported faster than it could be recorded`);
+    parts.push(
+      `dropped ${data.count} report(s): the run reported faster than it could be recorded`
+    );
   }
   if (Number(data.refused) > 0) {
-    const why = Object.entries(data.why ?? {}).map(([k, n]) => `${k}: ${n}`).join('; ');
-    parts.push(`refused ${data.refused} report(s) that could not be recorded` + (why ? ` (${why})` : ''));
+    const why = Object.entries((data.why as Record<string, unknown> | undefined) ?? {})
+      .map(([k, n]) => `${k}: ${n}`)
+      .join('; ');
+    parts.push(
+      `refused ${data.refused} report(s) that could not be recorded` + (why ? ` (${why})` : '')
+    );
   }
   return parts.join('; ') || String(data.text ?? 'reports dropped');
 }

@@ -33,11 +33,9 @@ export function polylinePoints(
   if (!pts.length) {
     return '';
   }
-  let [x0, x1] = [pts[0][0], pts[pts.length - 1][0]];
-  let [y0, y1] = yRange ?? [
-    Math.min(...pts.map(p => p[1])),
-    Math.max(...pts.map(p => p[1]))
-  ];
+  const x0 = pts[0][0];
+  let x1 = pts[pts.length - 1][0];
+  let [y0, y1] = yRange ?? [Math.min(...pts.map(p => p[1])), Math.max(...pts.map(p => p[1]))];
   if (x1 === x0) {
     x1 = x0 + 1;
   }
@@ -49,7 +47,8 @@ export function polylinePoints(
   return pts
     .map(([x, y]) => {
       const px = pad + ((x - x0) / (x1 - x0)) * (width - 2 * pad);
-      const py = height - pad - ((Math.min(y1, Math.max(y0, y)) - y0) / (y1 - y0)) * (height - 2 * pad);
+      const py =
+        height - pad - ((Math.min(y1, Math.max(y0, y)) - y0) / (y1 - y0)) * (height - 2 * pad);
       return `${px.toFixed(1)},${py.toFixed(1)}`;
     })
     .join(' ');
