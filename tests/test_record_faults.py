@@ -64,19 +64,21 @@ def small_disk(tmp_path):
 
 def _fill(disk: Path) -> Path | None:
     """Fill the disk with a file of the test's own; None when it is full already (then what
-    fills it is named, for the test that needs the filler to free space)."""
+    fills it is named, for the test that needs the filler to free space). Unbuffered: a buffered
+    file would hold back what did not fit and raise again when closed."""
     filler = disk / "filler"
     try:
-        f = open(filler, "wb")
+        fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     except OSError:
         return None
-    with f:
-        try:
-            while True:
-                f.write(b"\0" * (1 << 16))
-                f.flush()
-        except OSError:
-            pass
+    chunk = b"\0" * (1 << 16)
+    try:
+        while True:
+            os.write(fd, chunk)
+    except OSError:  # ENOSPC: full
+        pass
+    finally:
+        os.close(fd)
     return filler
 
 
