@@ -24,6 +24,19 @@ from .quickmode import env_flag as _env_flag
 from .quickmode import mode, quick  # noqa: F401 - the notebooks' names for them
 
 
+def expected_group(ranks: int) -> dict:
+    """What accelerate forms here for `ranks` launched processes, as a notebook's check expects
+    it: {"backend", "distributed_type", "world_size"} (nccl and MULTI_GPU on GPUs, gloo and
+    MULTI_CPU without; no group and NO for one process)."""
+    from .telemetry.probe import gpu_count
+
+    if ranks == 1:
+        return {"backend": None, "distributed_type": "NO", "world_size": 1}
+    gpu = gpu_count() > 0
+    return {"backend": "nccl" if gpu else "gloo",
+            "distributed_type": "MULTI_GPU" if gpu else "MULTI_CPU", "world_size": ranks}
+
+
 def ranks() -> int:
     """How many ranks gpu_lab.launch() starts here when not told: one per GPU, else 2 on CPU."""
     from .launch.launcher import default_ranks
