@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-EXPECTED = ["00_overview", "00_your_own_code", "01_environment_setup", "02_data_pipeline", "03_mixed_precision",
+EXPECTED = ["00_first_run", "00_overview", "00_your_own_code", "01_environment_setup", "02_data_pipeline", "03_mixed_precision",
             "04_distributed_training", "05_memory_optimization", "06_monitoring_profiling",
             "07_tuning", "08_troubleshooting", "09_cost_control", "10_scale_out",
             "11_diffusion_finetune", "12_case_studies"]

@@ -33,6 +33,9 @@ _API = {
     "CheckpointStorageError": ".checkpoint",
     "latest_checkpoint": ".checkpoint",
     "list_checkpoints": ".checkpoint",
+    "best_checkpoint": ".inference",
+    "load_model": ".inference",
+    "predict": ".inference",
     "Schedule": ".schedules",
     "ResumeMismatchError": ".resume",
 }
