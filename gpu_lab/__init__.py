@@ -45,7 +45,7 @@ _API = {
 }
 
 _SUBMODULES = ("config", "record", "readers", "telemetry", "train", "data", "diagnostics", "cluster",
-               "export", "widgets", "models", "tutorial", "cases")
+               "export", "widgets", "models", "tutorial", "exercises", "cases")
 
 __getattr__, __dir__, __all__ = lazy_api(__name__, _API, submodules=_SUBMODULES,
                                           modules=("launch", "sweep"))  # a callable package
