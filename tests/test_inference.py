@@ -57,6 +57,8 @@ def test_a_run_without_an_evaluated_checkpoint_is_refused_naming_the_setting(tra
     cfg, _ = trained
     with pytest.raises(CheckpointError, match="eval_every to a multiple of checkpoint_every"):
         best_checkpoint(_Record(cfg.output_dir, {15: 0.9}))
+    with pytest.raises(TypeError, match="accepted: a Run"):
+        best_checkpoint(cfg.output_dir)  # a folder has no record of its evaluations
     with pytest.raises(CheckpointError, match="no checkpoint"):
         best_checkpoint(_Record(str(Path(cfg.output_dir) / "nothing"), {}))
 

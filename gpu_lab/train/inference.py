@@ -41,6 +41,10 @@ def best_checkpoint(run: Any, metric: str = "accuracy", higher: bool | None = No
     `run`: a Run (gpu_lab.launch, gpu_lab.attach)."""
     from .checkpoint import checkpoint_dir
 
+    if not hasattr(getattr(run, "metrics", None), "series"):
+        raise TypeError(f"best_checkpoint: got {type(run).__name__}; accepted: a Run "
+                        "(gpu_lab.launch, gpu_lab.attach): its record says which checkpoint was "
+                        "evaluated best. For a folder, load_model(folder) takes the newest")
     higher = (not metric.endswith("loss")) if higher is None else higher
     kept = list_checkpoints(checkpoint_dir(_output_dir(run)))
     if not kept:
