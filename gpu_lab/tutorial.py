@@ -24,6 +24,39 @@ from .quickmode import env_flag as _env_flag
 from .quickmode import mode, quick  # noqa: F401 - the notebooks' names for them
 
 
+# The two articles the tutorials follow (Chinese; notebooks/00_overview says what each covers), by
+# a title a reader can search for and their section headings in English: a notebook cites
+# `cite("A", "2.2")`'s text, never a file name or a bare section number.
+ARTICLES = {"A": "GPU Servers in the Cloud and Training Image Models",
+            "B": "GPU Servers: the Compute Engine of Deep Learning"}
+SECTIONS = {
+    "A": {"1": "GPU servers in cloud architecture", "1.1": "Where GPU servers sit in a cloud",
+          "1.2": "Core architecture components", "2": "Training image models, hands-on",
+          "2.1": "Preparing the environment in three steps", "2.2": "Five things that speed up training",
+          "2.3": "A typical training flow", "3": "Performance best practice",
+          "3.1": "Choosing hardware", "3.2": "Tuning the software stack", "3.3": "Controlling cost",
+          "4": "Typical problems and their fixes", "4.1": "Common failures",
+          "4.2": "A performance tuning case", "5": "What comes next"},
+    "B": {"1": "GPU servers: the compute engine of deep learning", "1.1": "The core of the hardware",
+          "1.2": "A vertically integrated software stack", "2": "Optimising deep learning systems",
+          "2.1": "Data pipelines", "2.2": "Mixed-precision training",
+          "2.3": "Distributed training strategies", "3": "Managing GPU clusters",
+          "3.1": "Scheduling resources", "3.2": "Monitoring and tuning",
+          "4": "Applications in practice", "4.1": "Computer vision",
+          "4.2": "Natural language processing", "4.3": "Recommender systems",
+          "5": "What comes next"},
+}
+
+
+def cite(article: str, section: str) -> str:
+    """'GPU Servers in the Cloud and Training Image Models, “Five things that speed up training”'."""
+    try:
+        return f"{ARTICLES[article]}, “{SECTIONS[article][section]}”"
+    except KeyError:
+        raise ValueError(f"no section {section!r} in article {article!r}: articles "
+                         f"{sorted(ARTICLES)}, sections {sorted(SECTIONS.get(article, {}))}") from None
+
+
 def expected_group(ranks: int) -> dict:
     """What accelerate forms here for `ranks` launched processes, as a notebook's check expects
     it: {"backend", "distributed_type", "world_size"} (nccl and MULTI_GPU on GPUs, gloo and

@@ -1,5 +1,5 @@
-"""The tutorials as files: stored stripped, each names the article sections it follows (Article A /
-Article B, never the word "seed"), hides its fact checks from the reader, ends with what to try, and
+"""The tutorials as files: stored stripped, each names the article sections it follows (by the
+article's title and the section's heading), hides its fact checks from the reader, ends with what to try, and
 the README links every one of them."""
 from __future__ import annotations
 
@@ -55,12 +55,19 @@ def test_fact_checks_are_hidden_from_the_reader(path):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_names_its_article_sections_and_ends_with_what_to_try(path):
+    """A learner can follow a citation: the article's title and a section heading
+    (tutorial.cite's words), never a file id ("000 §3.2") or a bare section number ("§2.2")."""
+    from gpu_lab.tutorial import ARTICLES, SECTIONS
+
     nb = nbformat.read(path, as_version=4)
     text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
-    assert re.search(r"Article [AB] §\d", text), f"{path.name} names no article section"
+    cited = [(a, s) for a, title in ARTICLES.items() for s, heading in SECTIONS[a].items()
+             if f"{title}, “{heading}”" in text]
+    assert cited, f"{path.name} cites no article by its title and a section heading"
     everything = "\n".join(c.source for c in nb.cells)
-    assert not re.search(r"\b[Ss]eeds? 00[03]", everything), (
-        f"{path.name} cites an article as a seed; say Article A or Article B")
+    assert not re.search(r"\b[Ss]eeds? 00[03]|\b00[03] §|§\s*\d", everything), (
+        f"{path.name} cites an article by a file or a section number; name its title and the "
+        "section's heading (gpu_lab.tutorial.cite)")
     last_md = [c for c in nb.cells if c.cell_type == "markdown"][-1].source
     assert "What you learned" in last_md and "GPU" in last_md
 
