@@ -22,8 +22,9 @@ KEEP_NB_META = ("kernelspec", "language_info")
 def strip(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     nb.metadata = {k: v for k, v in nb.metadata.items() if k in KEEP_NB_META}
     for cell in nb.cells:
-        # "jupyter": source_hidden collapses the fact-check cells for the reader (JupyterLab honours it)
-        cell.metadata = {k: v for k, v in cell.metadata.items() if k in ("tags", "jupyter")}
+        # "jupyter": source_hidden collapses the fact-check cells for the reader (JupyterLab honours it);
+        # "gpu_lab": what a check declares about itself (tests/test_tutorial_checks.py)
+        cell.metadata = {k: v for k, v in cell.metadata.items() if k in ("tags", "jupyter", "gpu_lab")}
         if cell.cell_type == "code":
             cell.outputs = []
             cell.execution_count = None

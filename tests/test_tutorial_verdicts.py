@@ -1,9 +1,11 @@
 """The tutorials' verdicts: every function fails a measurement that should fail its claim, passes
-one that should pass, and refuses what is not a measurement; every claim row of notebooks 07, 11
-and 12 gets its verdict from one of these functions, never from a typed string."""
+one that should pass, and refuses what is not a measurement; every claim row of every notebook
+gets its verdict from one of these functions (which show their tolerance), never from a typed
+string or the bare label of `tutorial.verdict`."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import nbformat
@@ -12,7 +14,9 @@ import pytest
 from gpu_lab import tutorial as t
 
 ROOT = Path(__file__).resolve().parents[1]
-VERDICT_NOTEBOOKS = ["07_tuning", "11_diffusion_finetune", "12_case_studies"]
+NOTEBOOKS = sorted(p.stem for p in (ROOT / "notebooks").glob("*.ipynb"))
+VERDICT_NOTEBOOKS = [n for n in NOTEBOOKS
+                     if "Claim(" in (ROOT / "notebooks" / f"{n}.ipynb").read_text()]
 VERDICT_FUNCTIONS = {"ratio_verdict", "at_least", "at_most", "gain", "follows", "equivalent",
                      "arithmetic", "needs_gpu", "not_attempted"}
 
@@ -145,6 +149,10 @@ def test_every_claim_row_gets_a_computed_verdict(name):
                 f"{name} cell {i}: the verdict {ast.unparse(branch)[:80]} calls no verdict function")
 
 
+def test_the_claim_tables_are_found():
+    assert len(VERDICT_NOTEBOOKS) >= 11, VERDICT_NOTEBOOKS
+
+
 @pytest.mark.parametrize("name", VERDICT_NOTEBOOKS)
 def test_no_check_restates_a_comparison_that_is_true_by_construction(name):
     """The two shapes the review found: a check of `x == (not y)` where y decides x, and an
@@ -153,3 +161,23 @@ def test_no_check_restates_a_comparison_that_is_true_by_construction(name):
     text = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
     assert "(scores is not None) == (not missing)" not in text
     assert "first members: ['0" not in text
+
+
+TYPED = re.compile(r"\s*(holds|does not hold|exceeds the claim|consistent\b|confirmed\b)", re.I)
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_no_verdict_is_typed_anywhere(name):
+    """Outside the claim tables too (a printed summary, a dict of results): a string that starts
+    like a verdict is one, and comes from a verdict function instead."""
+    nb = nbformat.read(ROOT / "notebooks" / f"{name}.ipynb", as_version=4)
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        tree = ast.parse("\n".join("" if line.lstrip().startswith(("%", "!")) else line
+                                   for line in cell.source.splitlines()))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                assert not TYPED.match(node.value), (
+                    f"{name} cell {i}: {node.value[:60]!r} is a typed verdict; call one of "
+                    f"gpu_lab.tutorial's verdict functions")
