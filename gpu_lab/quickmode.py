@@ -30,3 +30,13 @@ def quick() -> bool:
 
 def mode() -> str:
     return "quick" if quick() else "full"
+
+
+def describe(changes: str = "") -> str:
+    """The line a tutorial opens with: the mode, why it is that mode, how to pick the other one,
+    and `changes`, what the mode changes in that notebook (its sizes)."""
+    flag = env_flag(VARIABLE)
+    why = (f"{VARIABLE}={os.environ[VARIABLE].strip()}" if flag is not None
+           else "no GPU found" if quick() else "a GPU found")
+    other = f"{VARIABLE}=0 forces full mode" if quick() else f"{VARIABLE}=1 picks the quick sizes"
+    return f"{mode()} mode ({why}; {other})" + (f": {changes}" if changes else "")

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from .quickmode import env_flag as _env_flag
-from .quickmode import mode, quick  # noqa: F401 - the notebooks' names for them
+from .quickmode import describe as mode_line  # noqa: F401 - the notebooks' names for them
+from .quickmode import mode, quick  # noqa: F401
 
 
 # The two articles the tutorials follow (Chinese; notebooks/00_overview says what each covers), by

@@ -113,3 +113,24 @@ def test_one_definition_of_quick(monkeypatch, value, gpus, quick):
     assert tutorial.mode() == ("quick" if quick else "full")
     assert synthetic_sizes()[0] == (QUICK_TRAIN if quick else SYNTHETIC_TRAIN)
     assert max(parse_sizes()) == (QUICK_RANGE if quick else FULL_RANGE)[1]
+
+
+@pytest.mark.parametrize("value, gpus, start", [
+    ("", 0, "quick mode (no GPU found; GPU_LAB_QUICK=0 forces full mode)"),
+    ("", 2, "full mode (a GPU found; GPU_LAB_QUICK=1 picks the quick sizes)"),
+    ("0", 0, "full mode (GPU_LAB_QUICK=0; GPU_LAB_QUICK=1 picks the quick sizes)"),
+    ("1", 8, "quick mode (GPU_LAB_QUICK=1; GPU_LAB_QUICK=0 forces full mode)")])
+def test_the_line_a_tutorial_opens_with_says_why_and_how_to_switch(monkeypatch, value, gpus, start):
+    import gpu_lab.telemetry.probe as probe
+    from gpu_lab import tutorial
+
+    monkeypatch.setenv(VAR, value)
+    monkeypatch.setattr(probe, "gpu_count", lambda: gpus)
+    assert tutorial.mode_line() == start
+    assert tutorial.mode_line("800 images") == start + ": 800 images"
+
+
+def test_every_tutorial_opens_with_its_mode_line():
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        first = next(c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code")
+        assert "tutorial.mode_line(" in first.source, f"{path.name}: its first code cell prints no mode line"
