@@ -172,6 +172,28 @@ def test_a_job_on_another_host_reports_to_the_lab_over_the_channel(tmp_path, mon
         _settle(home)
 
 
+def test_a_short_job_submitted_while_the_follower_waits_loses_no_report(cluster, monkeypatch):
+    """The follower serves a new job's recorder at its next look, which can come after a short
+    job's ranks have reported and exited (a user's poll of 30 s): submit wakes it, and the job
+    starts its ranks once its recorder took the connection. Every report is in the record."""
+    import gpu_lab
+
+    monkeypatch.setenv("GPU_LAB_SLURM_POLL_S", "30")
+    out = str(cluster["tmp"] / "out")
+    long = gpu_lab.submit(gpu_lab.train_classifier, gpu_lab.TrainConfig(
+        model="tiny_cnn", image_size=16, batch_size=16, max_steps=100000, num_workers=0,
+        tensorboard=False, eval_every=0, output_dir=out), device="cpu", name="keeps-it-busy")
+    assert long.wait_for_step(1, metric="loss", timeout=240), long.status
+    short = gpu_lab.submit("export_fns:train_tiny", gpu_lab.TrainConfig(
+        max_steps=STEPS, num_workers=0, output_dir=out), ranks_per_node=2, device="cpu")
+    assert short.wait(240) == "succeeded", (short.status, short.reason, short.logs(None, 30))
+    reg = Registry()
+    for rank in (0, 1):
+        assert [m["step"] for m in reg.metrics(short.id, "loss", rank=rank)] == list(range(STEPS))
+    assert not reg.events(short.id, kinds=["dropped"])
+    assert long.stop() == "stopped"
+
+
 def _stdout(cell) -> str:
     return "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
 
@@ -353,3 +375,59 @@ def test_reports_that_never_reached_the_record_are_counted_by_rank(gpu_lab_home,
     (note,) = reg.events("short", kinds=["dropped"])
     assert note["rank"] == -1 and note["data"]["count"] == 2 and note["data"]["ranks"] == {"1": 2}
     assert "never reached the record" in note["data"]["text"]
+
+
+def test_a_jobs_end_waits_for_its_ranks_last_reports(gpu_lab_home, tmp_path, monkeypatch):
+    """The job's supervisor says its end on its own socket, which can overtake the ranks' last
+    reports: the row and a Run handle end only once the record holds what the ranks say they
+    sent, so that what wait() returns to reads the whole run. A shortfall that never arrives
+    ends it after END_WAIT_S, counted."""
+    from gpu_lab.cluster import relay as relay_mod
+    from gpu_lab.launch.run import attach_run
+    from gpu_lab.record import events as ev
+    from gpu_lab.record.recorder import Recorder
+    from gpu_lab.record.runfolder import RunFolder
+
+    def loss(rid, steps):
+        return [ev.make(rid, 0, ev.METRIC, {"loss": 1.0 / (s + 1)}, step=s) for s in steps]
+
+    def job_says(rid):
+        return [ev.make(rid, -1, ev.STATUS, {"status": "succeeded", "exitcode": 0,
+                                             "from": ev.FROM_JOB})]
+
+    reg = Registry()
+    relay = relay_mod.Relay(reg)
+    try:
+        for rid in ("late", "short"):
+            folder = RunFolder(tmp_path / rid).create()
+            reg.create_run(rid, run_dir=str(folder.path), kind="slurm", status="running")
+            folder.write_sent(0, 4)
+            relay.recorders[rid] = Recorder(reg, rid)
+        rec = relay.recorders["late"]
+        rec.record(loss("late", [0, 1]))
+        run = attach_run("late", reg)
+        rec.record(job_says("late"))
+        rec.flush()
+        said = reg.events("late", kinds=[ev.STATUS])[-1]["seq"]
+        wait_until(lambda: run._seq >= said, 30, what="the handle reading the job's word")
+        assert relay.apply(reg.get_run("late"))["status"] == "running"
+        assert run.status == "running" and not run.done
+        rec.record(loss("late", [2, 3]))  # the stragglers
+        rec.flush()
+        assert relay.apply(reg.get_run("late"))["status"] == "succeeded"
+        assert run.wait(30) == "succeeded"
+        assert run.metrics.series("loss", 0)[0] == [0, 1, 2, 3]
+        end = reg.events("late", kinds=[ev.STATUS])[-1]
+        assert end["data"]["from"] == relay_mod.FROM_RECORD and end["seq"] > said
+
+        monkeypatch.setattr(relay_mod, "END_WAIT_S", 0.0)  # two of four never come
+        rec = relay.recorders["short"]
+        rec.record(loss("short", [0, 1]) + job_says("short"))
+        rec.flush()
+        assert relay.apply(reg.get_run("short"))["status"] == "succeeded"
+        relay.retire(set())
+        relay.retire(set())
+        (note,) = reg.events("short", kinds=["dropped"])
+        assert note["data"]["ranks"] == {"0": 2}
+    finally:
+        relay.close()

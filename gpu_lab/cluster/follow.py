@@ -24,6 +24,7 @@ import fcntl
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import time
@@ -43,6 +44,7 @@ ENDED_LOOKS = 2    # looks at a job Slurm ended, the row still active, before th
 UNKNOWN_LOOKS = 3  # looks at a job Slurm does not know before it is lost
 SILENT_LOOKS = 12  # looks at a running job that has not written its start, before a hint
 UNREACHABLE_S = 600  # seconds without an answer from Slurm before the follower gives up
+WOKEN = "woken"  # what SIGUSR1 puts in the follower's news
 
 
 def poll_seconds() -> float:
@@ -78,7 +80,9 @@ class Follower:
         for row in self.active():
             self.relay.serve(row)
             row = self.relay.apply(row)
-            if row["status"] in ev.ACTIVE_STATUSES and row["job"].get("id"):
+            # a job whose own end waits for its last reports: not Slurm's to decide
+            if row["status"] in ev.ACTIVE_STATUSES and row["job"].get("id") and \
+                    row["id"] not in self.relay.ending:
                 rows.append(row)
         known = slurm.states(r["job"]["id"] for r in rows) if rows else {}
         for row in rows:
@@ -171,10 +175,12 @@ def follow(registry_path: str) -> int:
     from ..record.registry import Registry
 
     registry = Registry(registry_path)
-    lock = _lock(Path(registry.path).parent)
+    follower = Follower(registry)
+    # a submit wakes the follower (ensure): its new job's recorder listens before the job starts
+    signal.signal(signal.SIGUSR1, lambda *_: follower.relay.news.put(WOKEN))
+    lock = _lock(Path(registry.path).parent, holder=True)
     if lock is None:
         return 0  # another follower has it
-    follower = Follower(registry)
     try:
         return _loop(follower, lock, Path(registry.path).parent)
     finally:
@@ -195,7 +201,7 @@ def _loop(follower: Follower, lock: int, home: Path) -> int:
             left = 1
         if not left:
             os.close(lock)  # then one more look: a job submitted meanwhile found the lock held
-            if not follower.active() or (lock := _lock(home)) is None:
+            if not follower.active() or (lock := _lock(home, holder=True)) is None:
                 return 0
         try:  # the next look: when a job says something, or after the pause
             follower.relay.news.get(timeout=pause)
@@ -203,16 +209,31 @@ def _loop(follower: Follower, lock: int, home: Path) -> int:
             pass
 
 
-def _lock(home: Path) -> int | None:
+def _lock(home: Path, holder: bool = False) -> int | None:
+    """The registry's follower lock, or None when held; a `holder` (the follower) writes its pid
+    in it, a probe (ensure, following) does not."""
     fd = os.open(home / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
         return None
-    os.ftruncate(fd, 0)
-    os.write(fd, json.dumps({"pid": os.getpid()}).encode())
+    if holder:
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps({"pid": os.getpid()}).encode())
     return fd
+
+
+def _wake(home: Path) -> None:
+    """SIGUSR1 to the follower that holds the lock (its pid is in the lock file)."""
+    try:
+        pid = int(json.loads((home / LOCK).read_text())["pid"])
+        # the pid of the follower before it, while the new one writes its own: never signal
+        # a process that is not a follower (SIGUSR1 ends most)
+        if b"gpu_lab.cluster.follow" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            os.kill(pid, signal.SIGUSR1)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # it is writing its pid, or just ended: its next look, or the next follower, serves
 
 
 def following(home: str | os.PathLike) -> bool:
@@ -225,10 +246,12 @@ def following(home: str | os.PathLike) -> bool:
 
 
 def ensure(registry_path: str | os.PathLike) -> bool:
-    """Start the registry's follower unless one runs; True when this call started it."""
+    """Start the registry's follower unless one runs, else wake it for a look now (a new job's
+    recorder); True when this call started it."""
     home = Path(registry_path).parent
     fd = _lock(home)
     if fd is None:
+        _wake(home)
         return False
     os.close(fd)
     root = str(Path(__file__).resolve().parents[2])  # gpu_lab's parent: importable from a clone

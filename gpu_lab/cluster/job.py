@@ -39,6 +39,9 @@ from . import slurm
 from .relay import FROM_JOB
 
 
+READY_S = 120.0  # seconds the job waits for its recorder before it starts the ranks anyway
+
+
 class Job:
     def __init__(self, folder: RunFolder) -> None:
         from ..record.channel import load_client_key
@@ -67,6 +70,13 @@ class Job:
         nodes = os.environ.get("SLURM_JOB_NODELIST")
         self.status("running", attempt=self.attempt, nodes=nodes, batch_host=socket.gethostname())
         self.say.log(f"Slurm job {self.job_id} attempt {self.attempt} started on {nodes}")
+        # the ranks start once the recorder listens: a short job's reports would otherwise go to
+        # a port the follower has not bound yet, and be lost when the ranks exit
+        if not self.say.wait_connected(READY_S):
+            print(f"gpu_lab job {self.job_id}: the run's recorder at {self.address} did not "
+                  f"answer in {READY_S:.0f} s; the ranks start anyway and what they report "
+                  "before it answers is counted as lost. It runs on the host the job was "
+                  "submitted from (GPU_LAB_RECORDER_HOST): this node must reach it", flush=True)
         code = self._ranks()
         end, after = self._decide(code)
         self.status(**end)

@@ -7,7 +7,8 @@ gpu_lab.submit wrote to the run folder's job/channel.json), with the keys submit
 (job/server.key, owner-only: a restarted follower listens again on the same port with the same
 keys, and the ranks' sockets reconnect by themselves). The ranks report to it; the job's
 supervisor tells it its status changes as rank -1 status events marked "from": "job", which
-apply() turns into the row's status. Everything the job sends is checked, recorded and
+apply() turns into the row's status; the job's end waits (settle) until the record holds what
+the ranks say they sent, then is written and published as "from": "record". Everything the job sends is checked, recorded and
 published as a launched run's is; the run's readers follow it live through the recorder's PUB.
 """
 from __future__ import annotations
@@ -22,8 +23,10 @@ from ..record import events as ev
 from ..record.channel import RunKeys
 from ..record.runfolder import RunFolder
 
-FROM_JOB = "job"  # the `from` of the status events the job's supervisor sends
+FROM_JOB = ev.FROM_JOB  # the `from` of the status events the job's supervisor sends
 QUIET_LOOKS = 1   # looks after a run's end before its recorder closes (stragglers still land)
+END_WAIT_S = 10.0  # seconds a job's end waits for reports its ranks sent and the record lacks
+FROM_RECORD = "record"  # the `from` of the end this relay writes after the job's own word
 
 
 class Relay:
@@ -33,6 +36,9 @@ class Relay:
         self.applied: dict[str, int] = {}   # run id -> seq of the last status event applied
         self.ended: dict[str, int] = {}     # run id -> looks since its end
         self.news: queue.SimpleQueue = queue.SimpleQueue()  # runs whose job said something
+        # run id -> (the job's final status event, monotonic time it was applied): ends that wait
+        # for the ranks' last reports, which travel on other sockets and can land after it
+        self.ending: dict[str, tuple[dict, float]] = {}
 
     def serve(self, row: dict) -> None:
         """The run's recorder, listening (again) where the job reports."""
@@ -62,14 +68,17 @@ class Relay:
 
     def _heard(self, run_id: str, batch: list) -> None:
         """On a recorder's thread: the job said something about its status."""
-        if any(isinstance(e, dict) and e.get("kind") == ev.STATUS and e.get("rank") == -1
-               for e in batch):
+        if run_id in self.ending or any(
+                isinstance(e, dict) and e.get("kind") == ev.STATUS and e.get("rank") == -1
+                for e in batch):
             self.news.put(run_id)
 
     def apply(self, row: dict) -> dict:
         """Turn the job's status events since the last applied into the row; the row as it is
         now. Only an active run changes (a final status is never revived)."""
         rid = row["id"]
+        if rid in self.ending:
+            self.settle(rid)
         for e in self.registry.events(rid, after=self.applied.get(rid, 0), kinds=[ev.STATUS]):
             self.applied[rid] = e["seq"]
             data = e["data"] if isinstance(e["data"], dict) else {}
@@ -78,8 +87,8 @@ class Relay:
                 continue
             status = data["status"]
             if status in ev.FINAL_STATUSES:
-                self.registry.set_status(rid, status, reason=data.get("reason"),
-                                         error=data.get("error"))
+                self.ending[rid] = (data, time.monotonic())
+                self.settle(rid)
                 continue
             if self.registry.set_status(rid, status, reason=data.get("reason"), final=False) \
                     and status == "running":
@@ -88,6 +97,36 @@ class Relay:
                            state="RUNNING", reason=None)
                 self.registry.update(rid, ended=None, reason=None, job=job)
         return self.registry.get_run(rid) or row
+
+    def settle(self, rid: str) -> bool:
+        """Write the end a job said once the record holds every report its ranks say they sent
+        (or END_WAIT_S after it: the shortfall is counted when the recorder closes), and
+        publish it, so that a Run's wait() returns with the whole record. Whether it did."""
+        data, since = self.ending[rid]
+        if not self._reports_in(rid) and time.monotonic() - since < END_WAIT_S:
+            return False
+        del self.ending[rid]
+        status = data["status"]
+        if self.registry.set_status(rid, status, reason=data.get("reason"),
+                                    error=data.get("error")):
+            end = {k: data[k] for k in ("status", "reason", "exitcode", "error") if k in data}
+            e = ev.make(rid, -1, ev.STATUS, dict(end, **{"from": FROM_RECORD}))
+            if not self.record(rid, [e]):
+                self.registry.add_events(rid, [e])
+        return True
+
+    def _reports_in(self, rid: str) -> bool:
+        row = self.registry.get_run(rid)
+        if not row or not row.get("run_dir"):
+            return True
+        sent = RunFolder(row["run_dir"]).sent()  # a rank killed before it said: nothing to wait for
+        if not sent:
+            return True
+        rec = self.recorders.get(rid)
+        if rec is not None:
+            rec.flush()
+        have = self.registry.events_by_rank(rid)
+        return all(have.get(r, 0) >= n for r, n in sent.items())
 
     def record(self, run_id: str, events: list[dict]) -> bool:
         """Record (and publish) events through the run's recorder, if it has one."""

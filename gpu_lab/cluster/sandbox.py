@@ -116,6 +116,8 @@ SlurmdLogFile={d / 'slurmd.log'}
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
+DefMemPerCPU=250
+# ^ jobs share the node by CPU; without it each takes all its memory and runs alone
 MpiDefault=none
 ReturnToService=2
 SlurmdParameters=config_overrides

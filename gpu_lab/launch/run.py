@@ -284,9 +284,8 @@ class Run:
                     continue
                 self._seq = seq
             progressed |= self._apply_event(e)
-            kind, data = e.get("kind"), e.get("data")
-            if kind == ev.STATUS and isinstance(data, dict) and data.get("status") in FINAL:
-                final = data
+            if ev.ends_run(e):
+                final = e["data"]
         if progressed:
             with self._progress:
                 self._progress.notify_all()

@@ -296,9 +296,7 @@ class Receiver:
         for e in events:
             if e.get("seq"):
                 f.delivered = max(f.delivered, e["seq"])
-            data = e.get("data")
-            if e.get("kind") == ev.STATUS and isinstance(data, dict) and \
-                    data.get("status") not in ev.ACTIVE_STATUSES:
+            if ev.ends_run(e):
                 f.final = True
         self.received += len(events)
         try:

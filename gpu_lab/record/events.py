@@ -51,6 +51,10 @@ ACTIVE_STATUSES = ("pending", "queued", "running", "stopping")
 FINAL_STATUSES = ("succeeded", "failed", "stopped", "lost", "pruned")
 LOST = "its supervisor process ended without recording a final status"  # a lost run's reason
 STATUSES = ACTIVE_STATUSES + FINAL_STATUSES
+# The `from` of a Slurm job supervisor's status events. Its final word can overtake the ranks'
+# last reports (other sockets): the follower writes the run's end once they are in, and a
+# handle finishes on that, not on this.
+FROM_JOB = "job"
 
 # Environment variables that a launch sets for its workers (and gpu_lab.rank.headless for headless runs).
 ENV_RUN_ID = "GPU_LAB_RUN_ID"
@@ -231,6 +235,14 @@ def _size(e: dict) -> int:
         return len(encode([e]))
     except (ValueError, TypeError, RecursionError):
         return MAX_EVENT + 1
+
+
+def ends_run(e: Any) -> bool:
+    """Whether a reader takes this event as the run's end: a final status, except a Slurm job's
+    own word (the follower writes the end once the ranks' last reports are in)."""
+    data = e.get("data") if isinstance(e, dict) else None
+    return e.get("kind") == STATUS and isinstance(data, dict) and \
+        data.get("status") in FINAL_STATUSES and data.get("from") != FROM_JOB
 
 
 def step_of(e: dict) -> int | None:

@@ -104,6 +104,7 @@ class Reporter:
         self._closing = False
         self._lock = threading.Lock()
         self._reported_dropped = (0, 0)
+        self._connected = threading.Event()  # the recorder took the handshake (wait_connected)
 
     @property
     def enabled(self) -> bool:
@@ -201,6 +202,16 @@ class Reporter:
         self._wake = threading.Event()
         self._lock = threading.Lock()
         self._closing = False
+        self._connected = threading.Event()
+
+    def wait_connected(self, timeout: float) -> bool:
+        """Whether the recorder has taken this reporter's connection (its handshake, key
+        included) within `timeout` s: what a job's supervisor waits for before it starts ranks
+        that would otherwise report to a port nobody listens on yet."""
+        if not self.enabled:
+            return False
+        self._start()
+        return self._connected.wait(timeout)
 
     def _start(self) -> None:
         with self._lock:
@@ -220,16 +231,24 @@ class Reporter:
         sock.setsockopt(zmq.LINGER, 500)      # at exit, give the last batch half a second at most
         if self.key is not None:
             self.key.apply(sock)
+        mon = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
         sock.connect(self.address)
         try:
             while True:
                 self._wake.wait(self.interval)
                 self._wake.clear()
+                if mon is not None and mon.poll(0):
+                    self._connected.set()
+                    sock.disable_monitor()
+                    mon.close(0)
+                    mon = None
                 self._drain(sock, zmq)
                 if self._closing:
                     self._drain(sock, zmq)
                     break
         finally:
+            if mon is not None:
+                mon.close(0)
             sock.close()
             ctx.term()
 

@@ -193,8 +193,7 @@ class LivePlot(FollowsRun, W.VBox):
                 if self._owns_history:
                     self.history.add(e["rank"], e.get("step"), e["t"], e["data"])
                 self._flusher.mark()
-            elif kind == ev.STATUS and isinstance(e.get("data"), dict) and \
-                    e["data"].get("status") in FINAL_STATUSES:
+            elif ev.ends_run(e):
                 self._final = True
                 self._flusher.mark()
 
