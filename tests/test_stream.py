@@ -122,6 +122,31 @@ def test_report_never_blocks_when_nobody_listens_and_counts_drops():
           f"dropped {rep.dropped}")
 
 
+def test_a_rank_done_before_its_recorder_listens_still_delivers(tmp_path):
+    """A short rank reports and exits while its recorder is not up yet (a job's, whose follower
+    is busy): close() waits for the connection instead of dropping what is queued."""
+    import threading
+
+    from gpu_lab.supervise.ports import free_port
+
+    port = free_port()
+    rep = Reporter(address=f"tcp://127.0.0.1:{port}", run_id="late", rank=0, interval=0.01)
+    for s in range(12):
+        rep.report(s, loss=1.0 / (s + 1))
+    closing = threading.Thread(target=rep.close)
+    closing.start()
+    time.sleep(1.5)  # the scenario, not a wait for something: the recorder binds after the
+    # rank began to exit, later than the socket's 0.5 s linger
+    reg, rec = _recorder(tmp_path, "late", private=False, port=port)
+    try:
+        closing.join(30)
+        assert not closing.is_alive()
+        wait_until(lambda: len(reg.events("late")) >= 12, 10, what="the 12 reports")
+    finally:
+        rec.close()
+    assert [e["step"] for e in reg.events("late")] == list(range(12))
+
+
 def test_report_outside_a_launch_is_a_noop():
     rep = Reporter(address="", run_id="")
     rep.report(1, loss=2.0)

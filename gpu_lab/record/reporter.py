@@ -73,6 +73,11 @@ def _to_float(v: Any) -> float | None:
         return None
 
 
+# seconds a closing reporter whose connection is not up yet waits for it: a short rank can be
+# done before a busy recorder took its handshake, and its reports would die with it
+CONNECT_AT_CLOSE_S = 5.0
+
+
 class Reporter:
     """Sends events of one process (one rank) to the run's recorder.
 
@@ -245,6 +250,8 @@ class Reporter:
                 self._drain(sock, zmq)
                 if self._closing:
                     self._drain(sock, zmq)
+                    if mon is not None and self.sent and mon.poll(int(CONNECT_AT_CLOSE_S * 1e3)):
+                        self._connected.set()  # the linger below now delivers what is queued
                     break
         finally:
             if mon is not None:
@@ -346,13 +353,14 @@ class Reporter:
             time.sleep(0.005)
 
     def close(self, timeout: float = 1.0) -> None:
-        """Send what is queued (up to `timeout` s) and stop the sender thread."""
+        """Send what is queued (up to `timeout` s; a reporter whose recorder has not taken its
+        connection yet waits up to CONNECT_AT_CLOSE_S for it) and stop the sender thread."""
         t = self._thread
         if t is None or self._pid != os.getpid():
             return
         self._closing = True
         self._wake.set()
-        t.join(timeout)
+        t.join(timeout if self._connected.is_set() else max(timeout, CONNECT_AT_CLOSE_S + 1.0))
         self._thread = None
 
     def __repr__(self) -> str:
