@@ -76,9 +76,13 @@ lint: install
 	@[ -x extension/node_modules/.bin/eslint ] || (cd extension && npm install --no-audit --no-fund)
 	cd extension && npm run --silent lint
 
-# --durations=25: where the minutes go, in every run (CI's log included)
+# --durations=25: where the minutes go, in every run (CI's log included). Two workers (xdist):
+# much of the suite waits on kernels, servers and Slurm, so one core idles in a serial run; a file
+# stays on one worker (--dist loadfile: a notebook's cells, a file's shared server)
+WORKERS ?= 2
 test: install lint chromium slurm prometheus gpu-wheels
-	GPU_LAB_QUICK=1 PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(PY) -m pytest -p no:cacheprovider --durations=25 tests notebooks \
+	GPU_LAB_QUICK=1 PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(PY) -m pytest -p no:cacheprovider --durations=25 \
+	  -n $(WORKERS) --dist loadfile tests notebooks \
 	  --nbval-lax --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg
 
 # The GPU machine has no network: the packages its image lacks (bench/gpu_wheels.txt) travel with

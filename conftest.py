@@ -28,11 +28,21 @@ def _outside() -> tuple[set[str], set[str], set[str]]:
             {u.pw_name for u in pwd.getpwall()}, _netns())
 
 
+# Under pytest-xdist (make test) each worker is a session of its own inside the controller's
+# folder, with a registry of its own; only the controller, which outlives them, checks leftovers.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 _BEFORE = _outside()
-SESSION_TMP = tempfile.mkdtemp(prefix="gpu_lab_tests_")
+if WORKER is None:
+    SESSION_TMP = tempfile.mkdtemp(prefix="gpu_lab_tests_")
+else:  # a short name: Unix socket paths under it (multiprocessing's) must fit in 107 bytes
+    SESSION_TMP = os.path.join(tempfile.gettempdir(), WORKER)
+    os.makedirs(SESSION_TMP, mode=0o700)
 os.environ["TMPDIR"] = SESSION_TMP
 tempfile.tempdir = None  # tempfile.gettempdir() reads TMPDIR again
-os.environ.setdefault("GPU_LAB_HOME", tempfile.mkdtemp(prefix="gpu_lab_test_home_"))
+# a home of the tests' own (the controller's, inherited by a worker), not one the user gave
+if os.environ.get("GPU_LAB_HOME") in (None, os.environ.get("GPU_LAB_TESTS_HOME")):
+    os.environ["GPU_LAB_HOME"] = os.environ["GPU_LAB_TESTS_HOME"] = tempfile.mkdtemp(
+        prefix="gpu_lab_test_home_")
 os.environ.setdefault("GPU_LAB_QUICK", "1")
 # The host queue of the session's own runs, not the machine's; and more CPU slots than cores,
 # since the suite runs runs side by side (kernels, tutorials). The queue's tests set their own.
@@ -53,6 +63,8 @@ _LEFT: list[str] = []
 
 
 def pytest_sessionfinish(session, exitstatus):
+    if WORKER is not None:  # the controller checks, and removes the folder this one is in
+        return
     after = _outside()
     for what, before, now in zip(("in /tmp", "Unix user", "network namespace"), _BEFORE, after):
         _LEFT.extend(f"{what}: {x}" for x in sorted(now - before))
