@@ -135,8 +135,10 @@ def test_a_rank_done_before_its_recorder_listens_still_delivers(tmp_path):
         rep.report(s, loss=1.0 / (s + 1))
     closing = threading.Thread(target=rep.close)
     closing.start()
-    time.sleep(1.5)  # the scenario, not a wait for something: the recorder binds after the
-    # rank began to exit, later than the socket's 0.5 s linger
+    # close() must still be waiting past the socket's 0.5 s linger (the old close had returned,
+    # its reports dropped); then the recorder binds
+    closing.join(1.5)
+    assert closing.is_alive(), "close() returned before its recorder listened"
     reg, rec = _recorder(tmp_path, "late", private=False, port=port)
     try:
         closing.join(30)

@@ -8,8 +8,9 @@ gpu_lab.submit wrote to the run folder's job/channel.json), with the keys submit
 keys, and the ranks' sockets reconnect by themselves). The ranks report to it; the job's
 supervisor tells it its status changes as rank -1 status events marked "from": "job", which
 apply() turns into the row's status; the job's end waits (settle) until the record holds what
-the ranks say they sent, then is written and published as "from": "record". Everything the job sends is checked, recorded and
-published as a launched run's is; the run's readers follow it live through the recorder's PUB.
+the ranks say they sent, then is written and published as "from": "record". Everything the job
+sends is checked, recorded and published as a launched run's is; the run's readers follow it
+live through the recorder's PUB.
 """
 from __future__ import annotations
 
