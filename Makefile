@@ -76,12 +76,10 @@ lint: install
 	@[ -x extension/node_modules/.bin/eslint ] || (cd extension && npm install --no-audit --no-fund)
 	cd extension && npm run --silent lint
 
-# --durations=25: where the minutes go, in every run (CI's log included). WORKERS=2 runs two
-# xdist workers (19 min instead of 28 here: a serial run leaves one core idle while it waits on
-# kernels, servers and Slurm), a file per worker (--dist loadfile); serial by default until two
-# load-sensitive tests hold beside another worker (the GPU check's telemetry window, the capped
-# CPU OOM's triage: bench/RESULTS.md, 2026-12-06 night)
-WORKERS ?= 1
+# --durations=25: where the minutes go, in every run (CI's log included). Two xdist workers by
+# default (a serial run leaves one core idle while it waits on kernels, servers and Slurm), a file
+# per worker (--dist loadfile); WORKERS=1 runs serially (bench/RESULTS.md has both)
+WORKERS ?= 2
 test: install lint chromium slurm prometheus gpu-wheels
 	GPU_LAB_QUICK=1 PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(PY) -m pytest -p no:cacheprovider --durations=25 \
 	  -n $(WORKERS) --dist loadfile tests notebooks \

@@ -144,6 +144,30 @@ def windows(args) -> list[float]:
     return w["ratios"]
 
 
+def caught_up(run, t: float, timeout: float = 60.0) -> None:
+    """Wait until rank 0's record holds a loss report stamped at wall time `t` or later (or the
+    run ended, or `timeout` passed): each wake is a new report, not a poll."""
+    deadline = time.monotonic() + timeout
+    while not run.done and time.monotonic() < deadline:
+        times = run.metrics.times("loss", 0)
+        if times and times[-1] >= t:
+            return
+        steps, _ = run.metrics.series("loss", 0)
+        try:
+            run.wait_for_step((steps[-1] if steps else 0) + 1, timeout=deadline - time.monotonic())
+        except TimeoutError:
+            return
+
+
+def step_rate(run) -> float:
+    """Rank 0's optimizer steps per second so far, from its reports' worker-side stamps."""
+    steps, _ = run.metrics.series("loss", 0)
+    times = run.metrics.times("loss", 0)
+    if len(steps) < 2 or times[-1] <= times[0]:
+        return 0.0
+    return (steps[-1] - steps[0]) / (times[-1] - times[0])
+
+
 def attach_detach_windows(run, batch_size: int, n_windows: int, window_s: float) -> dict:
     """A Dashboard on a running `run`, attached and detached in `n_windows` alternating windows
     (ABBA): the ratios of rank 0's throughput attached / detached, one per pair of windows, and
@@ -167,6 +191,9 @@ def attach_detach_windows(run, batch_size: int, n_windows: int, window_s: float)
     finally:
         for fn in unviews:
             fn()
+    # Reports reach the record a moment after the worker stamps them; on a loaded machine the last
+    # window's would still be in flight here.
+    caught_up(run, spans[-1][2])
     rates = [(on, rank0_rate(run, batch_size, t0 + 0.2, t1), cpu / (t1 - t0))
              for on, t0, t1, cpu in spans]
     ratios = []

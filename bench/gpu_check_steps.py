@@ -779,6 +779,9 @@ def step_telemetry(ctx: Ctx) -> None:
     try:
         if not run.wait_for_step(5, timeout=240):
             raise RuntimeError(f"run {run.id} {run.status}: {run.error}\n{run.logs(0, 30)}")
+        # A window must hold several reports, at whatever pace this machine trains right now
+        rate = dashboard_overhead.step_rate(run)
+        window_s = max(window_s, 10 / rate if rate > 0 else 10.0)
         series = _prometheus(ctx)
         w = dashboard_overhead.attach_detach_windows(run, cfg.batch_size, n_windows, window_s)
     finally:

@@ -510,9 +510,13 @@ def test_real_cpu_oom_under_an_allocation_cap_is_triaged_with_its_numbers():
     assert f.category == triage.OOM, str(err)
     d = f.details
     assert d["device"] == "CPU" and d["memory_cap"] is True and d["total_bytes"] == cap
-    assert d["batch_size"] == big and 0 < d["requested_bytes"] and d["free_bytes"] < d["requested_bytes"]
+    assert d["batch_size"] == big and d["free_bytes"] < cap
     text = str(err)
-    assert f"tried to allocate {fmt_bytes(d['requested_bytes'])}" in text
+    # torch's allocator says what it asked for; oneDNN, which meets the cap first on some runs
+    # (tests/test_oom_triage.py), does not
+    if "DefaultCPUAllocator" in f.message:
+        assert 0 < d["requested_bytes"] and d["free_bytes"] < d["requested_bytes"]
+        assert f"tried to allocate {fmt_bytes(d['requested_bytes'])}" in text
     assert "free of 256.00 MiB" in text and f"batch size {big}" in text
     assert "batch_size=256 (from 512) with grad_accum_steps=2" in text
     fixed = gpu_lab.launch(F.train_capped, small, cap, num_processes=2, name="oom-fixed")

@@ -95,7 +95,9 @@ def oom_sentence(requested, free, total, batch_size, device, allocated=None,
                  reserved_unallocated=None, memory_cap=False) -> str:
     """The out-of-memory failure in one sentence, with the numbers that are known."""
     where = f"{device} (a memory cap of {fmt_bytes(total)})" if memory_cap else device
-    parts = [f"Out of memory on {where}: tried to allocate {fmt_bytes(requested)}"]
+    # oneDNN's failures do not say how much they asked for
+    parts = [f"Out of memory on {where}: " + (f"tried to allocate {fmt_bytes(requested)}"
+                                              if requested is not None else "an allocation failed")]
     if free is not None and total is not None:
         parts.append(f" with {fmt_bytes(free)} free of {fmt_bytes(total)}")
     if batch_size:

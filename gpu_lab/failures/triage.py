@@ -11,7 +11,7 @@ import signal
 import time
 import traceback as tb
 
-from .explain import SUGGESTIONS, explain
+from .explain import SUGGESTIONS, explain, noted
 from .kinds import CATEGORIES, COMM, DATA, OOM, SIGNAL, STORAGE, USER, RankFailure
 
 _PATTERNS = (
@@ -26,6 +26,9 @@ _PATTERNS = (
                "os error 28")),
 )
 
+_ONEDNN_FAILED = "could not create a primitive"
+
+
 def categorize(type_name: str, message: str, traceback_text: str = "") -> str:
     text = f"{type_name}\n{message}\n{traceback_text[-4000:]}"
     if "CheckpointStorageError" in text:  # the checkpoint writer's own verdict, on any rank
@@ -39,6 +42,10 @@ def categorize(type_name: str, message: str, traceback_text: str = "") -> str:
 def from_exception(rank: int, exc: BaseException) -> RankFailure:
     text = "".join(tb.format_exception(type(exc), exc, exc.__traceback__))
     cat = categorize(type(exc).__name__, str(exc), text)
+    if cat == USER and _ONEDNN_FAILED in str(exc) and noted().get("memory_cap_bytes"):
+        # oneDNN says this when its scratchpad allocation fails; under memory_cap, which
+        # allocation meets the cap first (oneDNN's or torch's) depends on the other threads
+        cat = OOM
     failure = RankFailure(rank=rank, type=type(exc).__name__, message=str(exc), traceback=text,
                           category=cat, suggestions=list(SUGGESTIONS[cat]), t=time.time())
     try:
