@@ -61,6 +61,12 @@ def test_each_shared_fact_is_defined_once():
     # the lazy public APIs
     assert _defined("lazy_api") == ["gpu_lab/_lazy.py"]
     assert _where(r"^def __getattr__", exclude=("gpu_lab/_lazy.py",)) == []
+    # the mean over ranks: one rule, at rest and live, for the notebook and the browser alike
+    assert _defined("over_ranks") == _defined("Fold") == ["gpu_lab/record/mean.py"]
+    assert _where(r"bincount\(.*weights=") == ["gpu_lab/record/mean.py"]
+    ext = PKG.parent / "extension" / "src"
+    assert [p.name for p in sorted(ext.glob("*.ts")) if re.search(
+        r"\b(sum|total)\s*/\s*n\b|MeanBy", p.read_text())] == []  # the browser draws the server's
     # following a run from a view
     assert _defined("FollowsRun") == ["gpu_lab/widgets/throttle.py"]
     assert _where(r"get_receiver\(\)\.add_tick") == ["gpu_lab/widgets/throttle.py"]

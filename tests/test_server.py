@@ -313,8 +313,16 @@ def test_run_events_after_a_sequence_number_in_pages(jp_fetch, run_loop, sampler
     assert [e["seq"] for e in page["events"]] == list(range(11, 26))
     assert page["seq"] == 25 and page["more"] is True and page["run"]["id"] == run_id
     assert page["events"][0]["data"] == {"loss": pytest.approx(2.0 / 11)}
+    # with the mean over ranks those events make due (a view that polls draws it, computes
+    # none): rank 1 never reported, so a step goes once 16 newer came, with rank 0 alone
+    assert page["mean"]["loss"]["step"] == list(range(8))
+    assert page["mean"]["loss"]["value"] == pytest.approx([2.0 / (s + 1) for s in range(8)])
     last = _get(run_loop, jp_fetch, "runs", run_id, "events", after=head)
     assert last["events"] == [] and last["seq"] == head and last["more"] is False
+    assert last["mean"] == {}
+    Registry().set_status(run_id, "failed")  # the end gives every step still waiting
+    assert _get(run_loop, jp_fetch, "runs", run_id, "events", after=head)["mean"]["loss"][
+        "step"] == list(range(33, 50))
     code, msg = _http_error(run_loop, jp_fetch, "runs", run_id, "events", after=-1)
     assert code == 400 and "after" in msg
 
@@ -508,7 +516,7 @@ def test_runs_list_groups_a_sweeps_trials_with_a_summary(jp_fetch, run_loop, sam
 
 def _run_messages(run_loop, ws, run_id, until, timeout=60.0):
     """Read 'run' messages of run_id until until(state) holds; state accumulates them."""
-    state = {"seqs": [], "logs": {}, "rows": []}
+    state = {"seqs": [], "logs": {}, "rows": [], "mean": {}}
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         msg = json.loads(run_loop(ws.read_message(), timeout=timeout))
@@ -517,6 +525,9 @@ def _run_messages(run_loop, ws, run_id, until, timeout=60.0):
         if msg.get("type") != "run" or msg["run"] != run_id:
             continue
         state["seqs"] += [e["seq"] for e in msg.get("events", [])]
+        for step, value in zip(*(msg.get("mean", {}).get("loss", {}).get(k, []) for k in
+                                 ("step", "value"))):
+            state["mean"][step] = value  # a step given again replaces what the view had
         for chunk in msg.get("logs", []):
             state["logs"][chunk["file"]] = state["logs"].get(chunk["file"], "") + chunk["text"]
         if "row" in msg:
@@ -552,12 +563,14 @@ def test_run_feed_one_read_per_tick_for_many_followers(jp_ws_fetch, jp_fetch, jp
     assert {x.labels["kind"] for x in fams["gpu_lab_server_run_feed_reads"].samples} == {
         "shared", "catchup"}
     # new events and log lines (rank1.log appears meanwhile) reach every follower, in order,
-    # once, over several ticks
+    # once, over several ticks; with the mean over ranks, each step once both gave it (rank 1
+    # a step behind, so a tick often ends between a step's two reports)
     catchups = feeds.reads["catchup"]
     ticks = feeds.reads["shared"]
     t = time.time()
     for s in range(50, 80):
-        reg.add_metrics([(run_id, rank, s, t + s, "loss", 1.0) for rank in (0, 1)])
+        reg.add_metrics([(run_id, 0, s, t + s, "loss", 1.0)]
+                        + [(run_id, 1, s - 1, t + s, "loss", 3.0)] * (s > 50))
         _write_log(run_dir, "rank0.log", f"step {s}\n")
         _write_log(run_dir, "rank1.log", f"rank 1 step {s}\n")
         if s % 10 == 9:
@@ -571,6 +584,8 @@ def test_run_feed_one_read_per_tick_for_many_followers(jp_ws_fetch, jp_fetch, jp
                            and st["logs"].get("rank1.log", "").endswith("step 79\n"))
         assert st["seqs"] == list(range(head + 1, end + 1))
         assert st["logs"]["rank0.log"] == "".join(f"step {s}\n" for s in range(50, 80))
+        assert {s: st["mean"].get(s) for s in range(50, 80)} == {
+            **{s: 2.0 for s in range(50, 79)}, 79: None}  # 79 waits for rank 1
     assert feeds.reads["shared"] - ticks >= 3
     # one read per tick for the run however many follow: followers that are level read nothing
     # of their own (one that was busy when a tick came would: not here, on loopback)
@@ -580,6 +595,7 @@ def test_run_feed_one_read_per_tick_for_many_followers(jp_ws_fetch, jp_fetch, jp
     for ws in clients:
         st = _run_messages(run_loop, ws, run_id, lambda st: bool(st["rows"]))
         assert st["rows"][-1]["status"] == "stopped"
+        assert st["mean"] == {79: 1.0}  # the end gives the step that waited, with rank 0 alone
         assert st["rows"][-1]["reason"] == "stopped in a test"
     # follow errors name what was wrong; unfollowing and closing leave no feed behind
     clients[0].write_message(json.dumps({"follow": "no-such-run"}))

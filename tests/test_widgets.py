@@ -15,7 +15,7 @@ from gpu_lab.record.decimate import decimate_minmax
 from gpu_lab.telemetry import NVMLSampler, Sampler
 from gpu_lab.telemetry.doubles import FakeGPU, FakeNVML
 from gpu_lab.widgets import Dashboard, GPUPanel, LaunchPanel, LivePlot, Throttle
-from gpu_lab.widgets.liveplot import MEAN, ema, mean_of_ranks
+from gpu_lab.widgets.liveplot import MEAN, ema
 
 
 class Clock:
@@ -222,14 +222,21 @@ def test_at_most_4_flushes_per_second_under_10k_events_per_second():
 
 
 # --- LivePlot ----------------------------------------------------------------------------------
-def test_ema_and_mean_of_ranks():
+def test_ema():
     assert ema([1.0, 1.0, 1.0], 0.9) == pytest.approx([1.0, 1.0, 1.0])  # debiased
     assert ema([0.0, 10.0], 0.0) == [0.0, 10.0]
     sm = ema([0.0] * 5 + [10.0] * 5, 0.5)
     assert sm[5] < 10.0 and sm[-1] > 9.0
-    steps, _, vals = mean_of_ranks([([0, 1, 2], [0, 1, 2], [1.0, 1.0, 1.0]),
-                                    ([0, 2], [0, 2], [3.0, 5.0])])
-    assert list(steps) == [0, 1, 2] and list(vals) == pytest.approx([2.0, 2.5, 3.0])  # rank 1 interpolated
+
+
+def test_liveplots_mean_is_the_records_over_the_ranks_that_reported_each_step():
+    p = LivePlot(max_points=8)
+    # rank 1 skips step 1: step 1's mean is rank 0's alone, as the server's (record.mean)
+    p.on_events([metric(0, s, loss=1.0) for s in range(3)] + [metric(1, 0, loss=3.0),
+                                                               metric(1, 2, loss=5.0)])
+    p.flush()
+    mean = next(t for t in p.fig.data if t.meta["rank"] == MEAN)
+    assert list(mean.x) == [0, 1, 2] and list(mean.y) == [2.0, 1.0, 3.0]
 
 
 def test_liveplot_traces_toggles_and_panels():

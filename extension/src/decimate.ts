@@ -55,6 +55,9 @@ export function decimateMinMax(
   return [ox, oy];
 }
 
+/** How far back from its end BoundedSeries.put looks for a step to replace. */
+const PUT_SEARCH = 64;
+
 /**
  * One series of (step, time, value) points, bounded to `capacity`: when it outgrows it, it is
  * decimated to half (minima and maxima kept), as gpu_lab.readers.history.Series does.
@@ -89,6 +92,26 @@ export class BoundedSeries {
     this.count += 1;
     if (this.values.length > this.capacity) {
       this._compress();
+    }
+  }
+
+  /**
+   * A point that may be new or may replace the one at its step (the server's mean over ranks
+   * gives a step again when a late rank changes it): a step newer than the last is appended, one
+   * already near the end is replaced, an older one that is not there (decimated away) is left.
+   */
+  put(step: number, t: number, value: number): void {
+    const n = this.steps.length;
+    if (!n || step > this.steps[n - 1]) {
+      this.append(step, t, value);
+      return;
+    }
+    for (let i = n - 1; i >= Math.max(0, n - PUT_SEARCH); i--) {
+      if (this.steps[i] === step) {
+        this.times[i] = t;
+        this.values[i] = value;
+        return;
+      }
     }
   }
 

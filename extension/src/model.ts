@@ -173,8 +173,6 @@ export interface IRunDetail extends IRun {
   seq: number;
   /** metric -> "0" | "1" | ... | "mean" -> points */
   series: Record<string, Record<string, ISeriesPoints>>;
-  /** steps whose mean still waits for a rank: metric -> [step, sum, n, t][] */
-  mean_open?: Record<string, Array<[number, number, number, number]>>;
   notes: IRunEvent[];
   failure: IFailure | null;
   logs: ILogChunk[];
@@ -188,6 +186,8 @@ export interface IRunFeedMessage {
   run: string;
   from?: number;
   events?: IRunEvent[];
+  /** the mean over ranks these events make due (each point replaces any at its step) */
+  mean?: Record<string, ISeriesPoints>;
   logs?: ILogChunk[];
   row?: IRun;
   error?: string;
@@ -229,6 +229,7 @@ export function parseServerMessage(text: string): ServerMessage | null {
     case 'run':
       return typeof m.run === 'string' &&
         (m.events === undefined || Array.isArray(m.events)) &&
+        (m.mean === undefined || isObject(m.mean)) &&
         (m.logs === undefined || Array.isArray(m.logs))
         ? (m as ServerMessage)
         : null;
@@ -242,6 +243,8 @@ export function parseServerMessage(text: string): ServerMessage | null {
 export interface IRunEvents {
   run: IRun;
   events: IRunEvent[];
+  /** as IRunFeedMessage's */
+  mean?: Record<string, ISeriesPoints>;
   seq: number;
   more: boolean;
 }

@@ -46,86 +46,6 @@ export interface ILogBuffer {
   bytes: number;
 }
 
-/**
- * The mean over ranks of each metric at each step, emitted in step order: a step goes once every
- * rank reported it, or once a step `window` steps newer arrived (a rank that dropped a report must
- * not hold the mean back). Each step's mean is over the ranks that reported it, as the server's
- * opening series compute it (gpu_lab.record.levels.mean_of_ranks at full resolution).
- */
-export class MeanByStep {
-  constructor(
-    ranks: number,
-    private sink: (name: string, step: number, t: number, value: number) => void,
-    private window = 16
-  ) {
-    this.ranks = Math.max(1, ranks);
-  }
-
-  ranks: number;
-
-  /** Continue from the server's open steps: metric -> [step, sum, n, t][]. */
-  seed(open: Record<string, Array<[number, number, number, number]>>): void {
-    for (const [name, steps] of Object.entries(open)) {
-      for (const [step, sum, n, t] of steps) {
-        this._steps(name).set(step, [sum, n, t]);
-        this._newest.set(name, Math.max(this._newest.get(name) ?? step, step));
-      }
-    }
-  }
-
-  add(step: number | null, t: number, data: Record<string, unknown>): void {
-    if (step === null || step === undefined) {
-      return;
-    }
-    for (const [name, v] of Object.entries(data)) {
-      if (typeof v !== 'number' || !Number.isFinite(v)) {
-        continue;
-      }
-      const steps = this._steps(name);
-      const acc = steps.get(step) ?? [0, 0, t];
-      acc[0] += v;
-      acc[1] += 1;
-      acc[2] = Math.max(acc[2], t);
-      steps.set(step, acc);
-      this._newest.set(name, Math.max(this._newest.get(name) ?? step, step));
-      this._emit(name);
-    }
-  }
-
-  /** The run ended: every open step goes with the ranks that reported it. */
-  flush(): void {
-    for (const name of this._open.keys()) {
-      this._emit(name, true);
-    }
-  }
-
-  private _emit(name: string, everything = false): void {
-    const steps = this._steps(name);
-    const newest = this._newest.get(name) ?? 0;
-    while (steps.size) {
-      const first = Math.min(...steps.keys());
-      const [sum, n, t] = steps.get(first)!;
-      if (!everything && n < this.ranks && first >= newest - this.window) {
-        return;
-      }
-      steps.delete(first);
-      this.sink(name, first, t, sum / n);
-    }
-  }
-
-  private _steps(name: string): Map<number, [number, number, number]> {
-    let steps = this._open.get(name);
-    if (!steps) {
-      steps = new Map();
-      this._open.set(name, steps);
-    }
-    return steps;
-  }
-
-  private _open = new Map<string, Map<number, [number, number, number]>>();
-  private _newest = new Map<string, number>();
-}
-
 /** Host and GPU readings over time: "host.cpu_pct", "gpu0.util_gpu", ... -> series (x = time). */
 export type TelemetrySeries = Map<string, BoundedSeries>;
 
@@ -223,16 +143,12 @@ export class RunViewModel {
     this.config = d.config;
     this.failure = d.failure;
     this.seq = d.seq;
-    this._mean = new MeanByStep(d.num_processes ?? 1, (name, step, t, v) =>
-      this._series(name, MEAN).append(step, t, v)
-    );
     for (const [name, byKey] of Object.entries(d.series)) {
       for (const [key, pts] of Object.entries(byKey)) {
         const [steps, times, values] = finitePoints(pts);
         this._series(name, key).reset(steps, times, values);
       }
     }
-    this._mean.seed(d.mean_open ?? {});
     this.notes = d.notes.slice(-NOTES_KEEP);
     Object.values(d.pids ?? {}).forEach(pid => this.pids.add(String(pid)));
     for (const chunk of d.logs) {
@@ -255,6 +171,9 @@ export class RunViewModel {
     this.feedMessages += 1;
     if (msg.events?.length) {
       this._applyEvents(msg.events);
+    }
+    if (msg.mean) {
+      this._applyMean(msg.mean);
     }
     if (msg.logs?.length) {
       msg.logs.forEach(c => this._addLog(c));
@@ -284,7 +203,6 @@ export class RunViewModel {
             s.append(e.step ?? s.count, e.t, v);
           }
         }
-        this._mean?.add(e.step, e.t, e.data);
         series = true;
       } else if (e.kind === 'status' && e.rank >= 0 && typeof e.data.pid === 'number') {
         this.pids.add(String(e.data.pid));
@@ -311,6 +229,16 @@ export class RunViewModel {
     }
   }
 
+  /** The server's mean over ranks (gpu_lab.record.mean): drawn, never computed here. */
+  private _applyMean(mean: Record<string, ISeriesPoints>): void {
+    for (const [name, pts] of Object.entries(mean)) {
+      const series = this._series(name, MEAN);
+      const [steps, times, values] = finitePoints(pts);
+      steps.forEach((step, i) => series.put(step, times[i], values[i]));
+    }
+    this._changed.emit('series');
+  }
+
   private _setRow(row: IRun, emit = true): void {
     const wasActive = this.isActive;
     this.row = { ...(this.row ?? {}), ...row };
@@ -322,10 +250,6 @@ export class RunViewModel {
     }
     if (emit) {
       this._changed.emit('row');
-    }
-    if (wasActive && !this.isActive && this._mean) {
-      this._mean.flush();
-      this._changed.emit('series');
     }
     if (wasActive && !this.isActive && this.row.status === 'failed' && !this.failure) {
       // the triage is read from the run folder once the run has failed
@@ -447,6 +371,9 @@ export class RunViewModel {
     try {
       const page = await this.lab.runEvents(this.runId, this.seq);
       this._applyEvents(page.events);
+      if (page.mean) {
+        this._applyMean(page.mean);
+      }
       this._setRow(page.run);
       for (const [file, buf] of this.logs) {
         const chunk = await this.lab.readLog(this.runId, file, buf.to);
@@ -464,7 +391,6 @@ export class RunViewModel {
 
   private _changed = new Signal<this, Change>(this);
   private _lastStep: number | null = null;
-  private _mean: MeanByStep | null = null;
   private _follow: { dispose: () => void } | null = null;
   private _pollTimer = 0;
   private _polling = false;

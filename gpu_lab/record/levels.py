@@ -29,6 +29,7 @@ import sqlite3
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
+from . import mean
 from .decimate import minmax_indices
 
 # points per bucket of levels 1, 2, ...: 32, then 8 times more each level, so that a read (the
@@ -519,35 +520,17 @@ def backfill(c: sqlite3.Connection, run_id: str) -> None:
         raise
 
 
-# --- the mean over ranks -------------------------------------------------------------------------
+# --- the mean over ranks ---------------------------------------------------------------------------
 def mean_of_ranks(series: list[Points], points: int) -> tuple[list, list, list]:
-    """The mean over ranks of one metric, at most `points` points. Exact per step when every
-    rank's series was read raw (level 0); else each rank's envelope is interpolated at the union
-    of their steps (within that rank's range), so a spike of one rank shows at its step."""
-    import numpy as np
-
+    """The mean over ranks of one metric (record.mean's rule), at most `points` points: exact per
+    step when every rank's series was read raw (level 0), else from each rank's envelope."""
     series = [p for p in series if len(p.env[0])]
     if not series:
         return [], [], []
-    if all(p.level == 0 for p in series):
-        # a point without a step has no step to be averaged at
-        st, ts, vs = (np.concatenate([p.env[k][p.stepped] for p in series]) for k in range(3))
-        grid, at = np.unique(st, return_inverse=True)
-        n = np.bincount(at, minlength=len(grid))
-        values = np.bincount(at, weights=vs, minlength=len(grid)) / n
-        times = np.full(len(grid), -np.inf)
-        np.maximum.at(times, at, ts)
-    else:
-        grid = np.unique(np.concatenate([p.env[0] for p in series]))
-        total, n, times = np.zeros(len(grid)), np.zeros(len(grid)), np.zeros(len(grid))
-        for p in series:
-            xs, ts, vs = p.env
-            inside = (grid >= xs[0]) & (grid <= xs[-1])
-            total[inside] += np.interp(grid[inside], xs, vs)
-            times[inside] = np.maximum(times[inside], np.interp(grid[inside], xs, ts))
-            n[inside] += 1
-        ok = n > 0
-        grid, times, values = grid[ok], times[ok], total[ok] / n[ok]
+    exact = all(p.level == 0 for p in series)
+    # a raw point without a step sits at its index: it has no step to be averaged at
+    grid, times, values = mean.over_ranks(
+        [tuple(a[p.stepped] for a in p.env) if exact else p.env for p in series], exact)
     keep = minmax_indices(values, points) if len(values) > points else slice(None)
     return _steps(grid[keep]), times[keep].tolist(), values[keep].tolist()
 

@@ -619,6 +619,16 @@ class Registry:
         return [{"run": run_id, "seq": r[0], "rank": r[1], "kind": r[2], "t": r[3], "step": r[4],
                  "data": json.loads(r[5])} for r in rows]
 
+    def recent_metrics(self, run_id: str, limit: int, upto: int) -> list[dict]:
+        """The newest `limit` metric events with seq <= upto, oldest first (where a live mean
+        over ranks starts, record.mean): the run's key read backwards, so its length does not
+        count."""
+        rows = self._conn().execute(
+            "SELECT seq, rank, kind, t, step, data FROM events WHERE run_id=? AND seq<=? "
+            "AND kind='metric' ORDER BY seq DESC LIMIT ?", (run_id, int(upto), int(limit)))
+        return [{"run": run_id, "seq": r[0], "rank": r[1], "kind": r[2], "t": r[3], "step": r[4],
+                 "data": json.loads(r[5])} for r in reversed(rows.fetchall())]
+
     def count_events(self, run_id: str, kind: str, upto: int | None = None) -> int:
         """How many events of one non-metric kind the run holds (seq <= upto)."""
         if kind not in KINDS or kind == METRIC:

@@ -15,8 +15,11 @@ the registry and the disk what one does. While a live run is followed, the share
 also watches its processes, so that samples say which GPUs the run's ranks hold memory on.
 Messages to the browser:
 
-    {"type": "run", "run": id, "from": seq, "events": [...], "logs": [{file, from, to, text}],
-     "row": {...}}      (each part only when there is something new)
+    {"type": "run", "run": id, "from": seq, "events": [...], "mean": {metric: points},
+     "logs": [{file, from, to, text}], "row": {...}}   (each part only when there is something new)
+
+"mean" is the mean over ranks that the events make due (gpu_lab.record.mean), read with them:
+the browser draws it and computes none.
 """
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ from typing import Any, Callable, Protocol
 
 from gpu_lab.record.events import ACTIVE_STATUSES as ACTIVE
 
-from .runview import EVENTS_LIMIT, event_to_wire, log_sizes, read_log, row_to_wire
+from .runview import EVENTS_LIMIT, event_to_wire, live_mean, log_sizes, read_log, row_to_wire
 
 FEED_INTERVAL = 1.0  # s; a run reports every step, the view redraws at most every 0.25 s
 MAX_FOLLOWS = 16     # runs one connection may follow at once
@@ -166,7 +169,8 @@ class RunFeeds:
         if not feeds:
             return
         news = await self._off_loop(self._read_shared, [
-            (f.run_id, f.run_dir, f.cursor.seq, dict(f.cursor.logs)) for f in feeds])
+            (f.run_id, f.run_dir, f.cursor.seq, dict(f.cursor.logs), f.cursor.row_key)
+            for f in feeds])
         behind = []
         for feed, new in zip(feeds, news):
             if self._feeds.get(feed.run_id) is not feed:
@@ -191,6 +195,8 @@ class RunFeeds:
             payload["from"] = c.seq
             payload["events"] = new["events"]
             c.seq = new["events"][-1]["seq"]
+        if new["mean"]:
+            payload["mean"] = new["mean"]
         chunks = []
         for chunk in new["logs"]:
             c.logs[chunk["file"]] = chunk["to"]
@@ -213,7 +219,7 @@ class RunFeeds:
         (a log file that appeared since the feed opened is new from its first byte)."""
         reg = self._registry()
         out = []
-        for run_id, run_dir, seq, logs in items:
+        for run_id, run_dir, seq, logs, was in items:
             self.reads["shared"] += 1
             row = reg.get_run(run_id)
             events = reg.events(run_id, after=seq, limit=EVENTS_LIMIT) if row else []
@@ -221,23 +227,29 @@ class RunFeeds:
             for name, size in log_sizes(run_dir).items():
                 if size > logs.get(name, 0):
                     chunks.append(read_log(run_dir, name, logs.get(name, 0)))
-            out.append({"row": row_to_wire(reg, row) if row else None,
-                        "events": [event_to_wire(e) for e in events], "logs": chunks})
+            wire = row_to_wire(reg, row) if row else None
+            # the run's end gives the steps still waiting for a rank: once, with its new row
+            mean = live_mean(reg, row, seq, events, ended=len(events) < EVENTS_LIMIT) if row and (
+                events or row_key(wire) != was) else {}
+            out.append({"row": wire, "events": [event_to_wire(e) for e in events],
+                        "mean": mean, "logs": chunks})
         return out
 
     async def _catch_up(self, behind: list[tuple]) -> None:
         """Each follower that is not level gets what it lacks, up to the feed's cursor."""
         jobs = [(feed.run_id, feed.run_dir, dataclasses.replace(cur, logs=dict(cur.logs)),
-                 dataclasses.replace(feed.cursor, logs=dict(feed.cursor.logs)))
+                 dataclasses.replace(feed.cursor, logs=dict(feed.cursor.logs)), feed.row)
                 for feed, _, cur in behind]
         reads = await self._off_loop(self._read_personal, jobs)
-        for (feed, follower, cur), (_, _, was, upto), got in zip(behind, jobs, reads):
+        for (feed, follower, cur), (_, _, was, upto, _), got in zip(behind, jobs, reads):
             if feed.followers.get(follower) is not cur or cur != was:
                 continue  # unfollowed, or followed again from elsewhere, meanwhile
             payload: dict[str, Any] = {"type": "run", "run": feed.run_id}
             if got["events"]:
                 payload["from"] = cur.seq
                 payload["events"] = got["events"]
+            if got["mean"]:
+                payload["mean"] = got["mean"]
             texts = [c for c in got["logs"] if c["text"]]
             if texts:
                 payload["logs"] = texts
@@ -258,10 +270,13 @@ class RunFeeds:
     def _read_personal(self, jobs: list[tuple]) -> list[dict]:
         reg = self._registry()
         out = []
-        for run_id, run_dir, cur, upto in jobs:
+        for run_id, run_dir, cur, upto, row in jobs:
             self.reads["catchup"] += 1
             events = reg.events(run_id, after=cur.seq, upto=upto.seq, limit=EVENTS_LIMIT) \
                 if upto.seq > cur.seq else []
+            reached = not events or events[-1]["seq"] >= upto.seq
+            mean = live_mean(reg, {**row, "id": run_id}, cur.seq, events, ended=reached) if (
+                events or cur.row_key != upto.row_key) else {}
             chunks = []
             for name, end in upto.logs.items():
                 have = cur.logs.get(name)
@@ -269,7 +284,8 @@ class RunFeeds:
                     chunks.append(read_log(run_dir, name, -1, upto=end))  # its tail
                 elif have < end:
                     chunks.append(read_log(run_dir, name, have, upto=end))
-            out.append({"events": [event_to_wire(e) for e in events], "logs": chunks})
+            out.append({"events": [event_to_wire(e) for e in events], "mean": mean,
+                        "logs": chunks})
         return out
 
     def close(self) -> None:

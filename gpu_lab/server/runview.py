@@ -20,7 +20,7 @@ import os
 from typing import Any
 
 from gpu_lab.record import events as ev
-from gpu_lab.record import levels
+from gpu_lab.record import levels, mean
 from gpu_lab.record.runfolder import RunFolder, check_log_name  # noqa: F401 - the handlers' check
 
 from .wire import json_safe, run_to_wire
@@ -75,7 +75,6 @@ def detail(registry: Any, run_id: str, points: int = DEFAULT_POINTS) -> dict | N
     out["config"] = json_safe(row.get("config") or {})
     out["seq"] = seq
     out["series"] = series_to_wire(snap, points)
-    out["mean_open"] = {}  # the snapshot's means are whole; the browser folds what follows
     out["notes"] = [event_to_wire(e) for e in
                     registry.last_events(run_id, NOTE_KINDS, NOTES_KEPT, upto=seq)]
     # each rank's pid (from its status events): what NVML lists on the GPUs the rank uses
@@ -98,7 +97,22 @@ def events_since(registry: Any, run_id: str, after: int, limit: int = EVENTS_LIM
     events = registry.events(run_id, after=after, upto=head, limit=limit)
     last = events[-1]["seq"] if events else max(after, 0)
     return {"run": row_to_wire(registry, row), "events": [event_to_wire(e) for e in events],
+            "mean": live_mean(registry, row, after, events, ended=last >= head),
             "seq": last, "more": last < head}
+
+
+def live_mean(registry: Any, row: dict, after: int, events: list[dict], ended: bool) -> dict:
+    """The mean over ranks that `events` (registry events after seq `after`) make due, for a
+    reader that has the run up to `after` (record.mean's fold, started from the record):
+    {metric: {step, t, value[, nonfinite]}}, each point replacing any the reader has at its
+    step. `ended`: these events reach the newest recorded, so a run that is over gives its
+    steps still waiting for a rank."""
+    if not events and (not ended or row.get("status") in ev.ACTIVE_STATUSES):
+        return {}
+    points = mean.live_points(lambda n: registry.recent_metrics(row["id"], n, after),
+                              row.get("num_processes") or 1, events,
+                              ended and row.get("status") not in ev.ACTIVE_STATUSES)
+    return {name: _wire(*p) for name, p in points.items()}
 
 
 def event_to_wire(e: dict) -> dict:

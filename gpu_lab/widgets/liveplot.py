@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterable, Sequence
 import ipywidgets as W
 
 from ..record import events as ev
+from ..record import mean
 from ..record.events import FINAL_STATUSES
 from ..readers.history import MetricHistory
 from ..record.decimate import minmax_indices
@@ -62,26 +63,6 @@ def decimate(x: Any, y: Any, n: int) -> tuple[Any, Any]:
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     idx = minmax_indices(y, n)
     return x[idx], y[idx]
-
-
-def mean_of_ranks(series: list[tuple[Any, Any, Any]]) -> tuple[Any, Any, Any]:
-    """Mean over ranks on the lowest rank's steps. Each item is (steps, times, values); other ranks
-    are interpolated there (their decimated points need not share steps). Float arrays out."""
-    import numpy as np
-
-    steps0, times0, vals0 = (np.asarray(a, dtype=float) for a in series[0])
-    if not len(steps0):
-        return steps0, times0, vals0
-    acc = vals0.copy()
-    n = np.ones_like(acc)
-    for steps, _, vals in series[1:]:
-        if not len(steps):
-            continue
-        xs = np.asarray(steps, dtype=float)
-        inside = (steps0 >= xs[0]) & (steps0 <= xs[-1])  # no extrapolation past a rank's data
-        acc[inside] += np.interp(steps0[inside], xs, np.asarray(vals, dtype=float))
-        n[inside] += 1
-    return steps0, times0, acc / n
 
 
 class LivePlot(FollowsRun, W.VBox):
@@ -276,14 +257,16 @@ class LivePlot(FollowsRun, W.VBox):
         for key, rank, _metric, rc in wanted:  # new traces can't be added inside batch_update
             self._ensure_trace(key, rank, rc)
         data: dict[int, tuple[Any, Any]] = {}
-        loss_series = []
+        loss_series, loss_raw = [], True
         for key, rank, metric, _rc in wanted:
             if rank == MEAN:
-                steps, times, values = mean_of_ranks(loss_series)
+                # exact per step unless a rank's history was decimated (record.mean's rule)
+                steps, times, values = mean.over_ranks(loss_series, exact=loss_raw)
             else:
                 steps, times, values = self._points(metric, rank)
                 if key == LOSS:
                     loss_series.append((steps, times, values))
+                    loss_raw = loss_raw and self.history.count(metric, rank) == len(values)
             if key == LOSS and weight > 0:
                 values = ema(values, weight)
             xs = np.asarray(times if use_time else steps, dtype=float)
