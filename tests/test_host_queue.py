@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -152,10 +153,8 @@ run = gpu_lab.launch(quick, num_processes=2, name="patient")
 table = gpu_lab.queue()  # launch() has returned: the run has its place in the queue
 while run.status != "queued":
     run.wait(0.05)
-import pandas as pd
-rows = [[n, s, None if pd.isna(p) else int(p)]
-        for n, s, p in table[["name", "state", "position"]].values.tolist()]
-print(json.dumps({"table": rows,
+rows = table[["name", "state", "position", "waiting_s"]].values.tolist()
+print(json.dumps({"table": rows, "shown": table.to_string(),
                   "position": run.queue_position, "cancel": run.cancel(), "id": run.id}))
 '''
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
@@ -163,13 +162,29 @@ print(json.dumps({"table": rows,
     assert out.returncode == 0, out.stderr
     refused, got = (json.loads(line) for line in out.stdout.strip().splitlines())
     assert holder in refused["refused"]  # it names the run that holds the slots
-    assert got["table"] == [["holder", "holding", None], ["patient", "waiting", 1]]
+    (holding, waiting) = got["table"]
+    assert holding == ["holder", "holding", "", ""] and waiting[:3] == ["patient", "waiting", 1]
+    assert isinstance(waiting[3], float) and waiting[3] >= 0
+    assert not re.search(r"\bNone\b|\bNaN\b|<NA>", got["shown"]), got["shown"]  # blanks
     assert got["position"] == 1 and got["cancel"] == "stopped"
     assert "withdrawn from the queue" in _row(reg, got["id"])["reason"]
     assert "running" not in _statuses(reg, got["id"])
     go.write_text("")
     wait_until(lambda: _row(reg, holder).get("status") == "succeeded", 60, what="holder ends")
     h.kill()
+
+
+# what the lab's side panel lists (gpu_lab.server.state), read as the user whose lab it is
+PANEL = r'''
+import json, sys
+from gpu_lab.server.state import ServerState
+state = ServerState(root_dir=sys.argv[1])
+try:
+    runs = state.runs_and_sweeps()["runs"]
+finally:
+    state.executor.shutdown(wait=False)
+print(json.dumps([[r["name"], r["status"], r["queue_position"], r.get("held_by")] for r in runs]))
+'''
 
 
 def test_another_users_run_holds_the_slots_and_this_users_waits(users, tmp_path):  # noqa: F811
@@ -199,6 +214,9 @@ def test_another_users_run_holds_the_slots_and_this_users_waits(users, tmp_path)
             r = u.run([sys.executable, "-c", probe, str(path)], envs[u.name])
             assert r.stdout.strip() == "PermissionError", (u.name, r.stdout, r.stderr)
         assert _row(my_reg, mine)["status"] == "queued"
+        # the side panel's list says who holds the slots mine waits for: a user, not their run
+        r = owner.run([sys.executable, "-c", PANEL, str(owner.home)], envs[owner.name])
+        assert json.loads(r.stdout) == [["mine", "queued", 1, [other.name]]], r.stderr
         go.write_text("")
         os.chown(go, other.uid, other.gid)
         assert json.loads(second.stdout.readline()) == ["succeeded"]

@@ -68,6 +68,8 @@ export interface IRun {
   run_dir?: string | null;
   /** While queued: its place in the host's queue, 1 = next to start. */
   queue_position?: number | null;
+  /** a queued run: the users who hold the devices it waits for */
+  held_by?: string[];
   priority?: number | null;
   devices?: { kind: string; devices: Array<{ index: number; uuid: string | null }> } | null;
   /** The sweep that ran it (gpu_lab.sweep), its trial there (and seed index when a trial has
@@ -107,9 +109,12 @@ export interface ISweep {
   best_run: string | null;
 }
 
-/** A run's status in words: a queued run says its place ("queued · 2nd"); a cluster job its
- *  scheduler and id while it is active ("queued · Slurm job 42"). */
-export function statusText(run: Pick<IRun, 'status' | 'queue_position' | 'job'>): string {
+/** A run's status in words: a queued run says its place and who holds what it waits for
+ *  ("queued · 2nd · held by alice"); a cluster job its scheduler and id while it is active
+ *  ("queued · Slurm job 42"). */
+export function statusText(
+  run: Pick<IRun, 'status' | 'queue_position' | 'job' | 'held_by'>
+): string {
   const n = run.queue_position;
   if (run.job?.id && isActive(run.status)) {
     const scheduler = run.job.scheduler === 'slurm' ? 'Slurm' : run.job.scheduler;
@@ -119,7 +124,8 @@ export function statusText(run: Pick<IRun, 'status' | 'queue_position' | 'job'>)
     return run.status;
   }
   const suffix = n % 100 >= 11 && n % 100 <= 13 ? 'th' : ['th', 'st', 'nd', 'rd'][n % 10] || 'th';
-  return `queued · ${n}${suffix}`;
+  const held = run.held_by?.length ? ` · held by ${run.held_by.join(', ')}` : '';
+  return `queued · ${n}${suffix}${held}`;
 }
 
 /** A series as the server sends it: bounded, each bucket's minimum and maximum kept. */

@@ -13,7 +13,9 @@ COLUMNS = ["run", "name", "user", "state", "position", "priority", "devices", "w
 def queue(registry: Registry | None = None) -> Any:
     """A pandas DataFrame, one row per run in the host's queue: holders first, then waiters in
     the order they will start. `name` is filled for this user's own runs only (another user's
-    registry is private); `devices` are the GPU indices or CPU slots held or asked for."""
+    registry is private); `devices` are the GPU indices or CPU slots held or asked for. A cell
+    that does not apply is blank (""): a holder's `position` and `waiting_s`, another user's
+    `name`."""
     import pandas as pd
 
     rows = host_queue()
@@ -24,11 +26,28 @@ def queue(registry: Registry | None = None) -> Any:
             got = reg.get_run(r.run_id)
             names[r.run_id] = got.get("name") if got else None
     now = time.time()
-    table = pd.DataFrame([{
-        "run": r.run_id, "name": names.get(r.run_id), "user": r.user, "state": r.state,
-        "position": r.position, "priority": r.priority,
+    # blanks, not None/NaN/<NA>: the table is read by people (a column of numbers and blanks is
+    # an object column; `table[table.state == "waiting"].waiting_s.astype(float)` for sums)
+    return pd.DataFrame([{
+        "run": r.run_id, "name": names.get(r.run_id) or "", "user": r.user, "state": r.state,
+        "position": r.position if r.position is not None else "", "priority": r.priority,
         "devices": r.devices if r.devices is not None else f"any {r.count}",
-        "waiting_s": round(now - r.since, 1) if r.state == "waiting" else None,
+        "waiting_s": round(now - r.since, 1) if r.state == "waiting" else "",
     } for r in rows], columns=COLUMNS)
-    table["position"] = table["position"].astype("Int64")  # a holder has none: <NA>, not 1.0
-    return table
+
+
+def held_by(run_ids: set[str]) -> dict[str, list[str]]:
+    """For each of these runs that waits in the host's queue, the users who hold what it waits
+    for (the devices it asked for by index, else any of its kind), sorted: what a queued run's
+    line says, rather than the other users' runs, which are theirs to name."""
+    rows = host_queue()
+    holders = [r for r in rows if r.state == "holding"]
+    out = {}
+    for r in rows:
+        if r.state != "waiting" or r.run_id not in run_ids:
+            continue
+        want = set(r.devices) if r.devices is not None else None
+        out[r.run_id] = sorted({h.user for h in holders if h.kind == r.kind and (
+            want is None or want & set(h.devices or ()))})
+    return out
+

@@ -67,6 +67,14 @@ class ServerState:
         each sweep among them (sweeps.py)."""
         rows = self.registry.list_runs(limit=limit, with_last=True)
         wire = [run_to_wire(r) for r in rows]
+        queued = {w["id"] for w in wire if w["status"] == "queued"}
+        if queued:  # who holds what they wait for: read from the host's queue only then
+            from gpu_lab.launch.hostqueue import held_by
+
+            holders = held_by(queued)
+            for w in wire:
+                if w["id"] in holders:
+                    w["held_by"] = holders[w["id"]]
         sweeps.tag_runs(wire, rows, self._sweep_specs)
         return {"runs": wire, "sweeps": sweeps.summaries(self.registry, rows, len(rows) < limit,
                                                          self._sweep_specs)}
