@@ -82,7 +82,7 @@ lint: install
 WORKERS ?= 2
 test: install lint chromium slurm prometheus gpu-wheels
 	GPU_LAB_QUICK=1 PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(PY) -m pytest -p no:cacheprovider --durations=25 \
-	  -n $(WORKERS) --dist loadfile tests notebooks \
+	  -n $(WORKERS) --dist loadfile --no-loadscope-reorder tests notebooks \
 	  --nbval-lax --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg
 
 # The GPU machine has no network: the packages its image lacks (bench/gpu_wheels.txt) travel with

@@ -51,12 +51,23 @@ os.environ.setdefault("GPU_LAB_CPU_SLOTS", "64")
 os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
 
 
+# Files of the heavier tiers run first (make test passes --no-loadscope-reorder, so xdist keeps
+# this order): a long notebook started last would leave the other worker idle at the end.
+_FIRST = ("notebooks", "slurm", "browser", "packaging", "slow")
+
+
 def pytest_collection_modifyitems(config, items):
     import pytest
 
     for item in items:  # nbval's cells: the notebooks tier
         if str(getattr(item, "fspath", "")).endswith(".ipynb"):
             item.add_marker(pytest.mark.notebooks)
+    weight: dict[str, int] = {}
+    for item in items:
+        tier = next((i for i, m in enumerate(_FIRST) if item.get_closest_marker(m)), len(_FIRST))
+        path = str(item.fspath)
+        weight[path] = min(weight.get(path, tier), tier)
+    items.sort(key=lambda item: weight[str(item.fspath)])  # stable: a file's order is kept
 
 
 _LEFT: list[str] = []
