@@ -1,7 +1,7 @@
 # gpu_lab — two commands for a fresh machine:
 #   make lab    install into .venv and start JupyterLab on the tutorials, extension enabled
-#   make test   install into .venv (and Debian's Chromium, Slurm and Prometheus for the browser,
-#               export and metrics tests) and run every test
+#   make test   install into .venv (and Debian's Chromium, Slurm and Prometheus, npm's JupyterHub
+#               proxy, for the browser, export, metrics and hub tests) and run every test
 # and two for the GPU machine (see bench/gpu_check.py):
 #   make gpu-wheels   download what its image lacks into .whl/ (CPython 3.12, manylinux x86_64)
 #   make gpu-check    on the GPU machine: install .whl/ and run the prepared GPU check
@@ -14,7 +14,7 @@ STAMP := $(VENV)/.stamp-install
 LAB_PORT ?= 8888
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
-.PHONY: lab check lint test install chromium slurm prometheus clean bench gpu-wheels gpu-check
+.PHONY: lab check lint test install chromium slurm prometheus hub-proxy clean bench gpu-wheels gpu-check
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +58,12 @@ prometheus:
 	  else sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; fi; \
 	fi
 
+# JupyterHub's proxy (npm's configurable-http-proxy) for the JupyterHub test, in .hub/
+CHP := .hub/node_modules/.bin/configurable-http-proxy
+$(CHP):
+	mkdir -p .hub && cd .hub && npm install --no-audit --no-fund --silent configurable-http-proxy@5 >/dev/null
+hub-proxy: $(CHP)
+
 lab: install
 	$(VENV)/bin/jupyter lab --ip=127.0.0.1 --port=$(LAB_PORT) --notebook-dir=notebooks \
 	  --ServerApp.default_url=/lab/tree/00_overview.ipynb $(ROOT_FLAG)
@@ -80,7 +86,7 @@ lint: install
 # default (a serial run leaves one core idle while it waits on kernels, servers and Slurm), a file
 # per worker (--dist loadfile); WORKERS=1 runs serially (bench/RESULTS.md has both)
 WORKERS ?= 2
-test: install lint chromium slurm prometheus gpu-wheels
+test: install lint chromium slurm prometheus hub-proxy gpu-wheels
 	GPU_LAB_QUICK=1 PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(PY) -m pytest -p no:cacheprovider --durations=25 \
 	  -n $(WORKERS) --dist loadfile --no-loadscope-reorder tests notebooks \
 	  --nbval-lax --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg
@@ -108,5 +114,5 @@ bench: install
 	for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info gpu_lab/labextension extension/lib extension/node_modules \
+	rm -rf $(VENV) .hub build dist *.egg-info gpu_lab/labextension extension/lib extension/node_modules \
 	  extension/tsconfig.tsbuildinfo

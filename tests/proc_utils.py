@@ -36,14 +36,18 @@ def alive(procs) -> list[psutil.Process]:
     return out
 
 
-def wait_until(pred, timeout: float, interval: float = 0.05, what: str = "condition"):
+def wait_until(pred, timeout: float, interval: float = 0.05, what: str = "condition",
+               hint=None):
+    """pred()'s first true value, polled; past `timeout`, an AssertionError naming `what` (and
+    hint(), what there was to see instead)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         v = pred()
         if v:
             return v
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}"
+                         + (f": {hint()}" if hint is not None else ""))
 
 
 def run_or_dump(cmd: list[str], env: dict, timeout: float) -> "subprocess.CompletedProcess":  # noqa: F821 - imported inside
