@@ -53,6 +53,31 @@ def _copy_shards(src: Path, dst: Path) -> ShardManifest:
     return ShardManifest.load(dst)
 
 
+# ------------------------------------------------------------------------------ where workers live
+def test_a_temporary_folder_too_deep_for_workers_sockets_is_refused_before_they_start(
+        shards, tmp_path, monkeypatch):
+    """Workers pass tensors over Unix sockets under the temporary folder (at most 107 bytes a
+    path): a 76-character TMPDIR made a DataLoader with workers hang; 75 works."""
+    from gpu_lab.data.workers import check_socket_room
+    from gpu_lab.train.data import make_loader
+
+    deep = "/tmp/" + "d" * 71
+    check_socket_room(deep[:-1])  # 75 characters: the longest that works
+    with pytest.raises(ValueError, match=r"within 75 characters; this one .* has 76\. Set TMPDIR "
+                                         r"to a shorter folder \(such as /tmp\), or use "
+                                         r"num_workers=0"):
+        check_socket_room(deep)
+    monkeypatch.setattr("tempfile.tempdir", deep)
+    with pytest.raises(ValueError, match="Set TMPDIR to a shorter folder"):
+        next(iter(shard_loader(shards, 8, train=True, image_size=16, num_workers=2, rank=0,
+                               world_size=1)))
+    data = torch.utils.data.TensorDataset(torch.zeros(4, 1))
+    with pytest.raises(ValueError, match="Set TMPDIR to a shorter folder"):
+        make_loader(data, batch_size=2, shuffle=True, num_workers=2, seed=0)
+    assert len(list(shard_loader(shards, 8, train=True, image_size=16, num_workers=0, rank=0,
+                                 world_size=1))) > 0  # without workers, nothing to refuse
+
+
 # ------------------------------------------------------------------------------ exactly once
 
 def test_two_ranks_two_workers_see_every_image_exactly_once(shards, tmp_path):

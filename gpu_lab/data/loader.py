@@ -63,7 +63,7 @@ from . import gpu_decode
 from .batch_ring import BatchRing, RingBatch
 from .shards import ShardManifest, resolve_shards
 from .tario import shard_members
-from .workers import end_workers, worker_options
+from .workers import check_socket_room, end_workers, worker_options
 from .transforms import (CROP_SCALE, IMAGE_KEYS, build_transform, check_augment, decode, image_key,
                          normalize_batch, parse_label)
 
@@ -649,6 +649,7 @@ def _worker_loader(dataset: ShardDataset, num_workers: int, pin_memory: bool | N
                    prefetch_factor: int, timeout: float, workers: dict) -> DataLoader:
     kw: dict[str, Any] = {}
     if num_workers > 0:
+        check_socket_room()
         # a Stop or a preemption is for the training process: it checkpoints, then ends them
         kw.update(prefetch_factor=prefetch_factor, timeout=float(timeout), **workers)
     return DataLoader(dataset, batch_size=None, num_workers=num_workers,

@@ -81,6 +81,27 @@ def worker_options(method: str | BaseContext | None = None) -> dict[str, Any]:
             "multiprocessing_context": _CONTEXTS.get(ctx.get_start_method(), ctx)}
 
 
+# multiprocessing's Unix sockets for passing tensors between workers and the training process:
+# <tempdir>/pymp-XXXXXXXX/listener-XXXXXXXX, within Linux's 107 bytes for a socket's path
+SOCKET_PATH_MAX = 107
+_SOCKET_SUFFIX = len("/pymp-xxxxxxxx/listener-xxxxxxxx")
+
+
+def check_socket_room(tempdir: str | None = None) -> None:
+    """DataLoader workers cannot start where the temporary folder's path is too long for their
+    sockets: a clear error before they are made (otherwise a worker fails with "AF_UNIX path too
+    long" and the loader can hang waiting for it)."""
+    import tempfile
+
+    folder = tempdir if tempdir is not None else tempfile.gettempdir()
+    if len(folder.encode()) + _SOCKET_SUFFIX > SOCKET_PATH_MAX:
+        raise ValueError(
+            f"DataLoader workers need sockets under the temporary folder, whose path must stay "
+            f"within {SOCKET_PATH_MAX - _SOCKET_SUFFIX} characters; this one ({folder}) has "
+            f"{len(folder.encode())}. Set TMPDIR to a shorter folder (such as /tmp), or use "
+            f"num_workers=0.")
+
+
 def end_workers(iterator: Any) -> None:
     """Stop the worker processes of a DataLoader iterator now.
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..data.workers import worker_options
+from ..data.workers import check_socket_room, worker_options
 
 IMAGE_KEYS = ("image", "images", "pixel_values", "input", "inputs", "x", "jpg", "png")
 LABEL_KEYS = ("label", "labels", "target", "targets", "y", "cls")
@@ -106,6 +106,7 @@ def make_loader(data: Any, batch_size: int, *, shuffle: bool, num_workers: int, 
         data = SeededSamples(data, seed)
     kw: dict[str, Any] = {}
     if num_workers > 0:
+        check_socket_room()
         # a Stop or a preemption is for the training process: it checkpoints, then ends them
         kw.update(persistent_workers=False, prefetch_factor=4, **worker_options())
     return DataLoader(data, batch_size=batch_size, shuffle=shuffle, num_workers=num_workers,
