@@ -89,6 +89,15 @@ def test_seed_000_config_dict_is_accepted():
                                                                                  "adamw", 4)
 
 
+def test_other_tools_names_land_on_their_fields():
+    # what torchrun, accelerate's config and a Trainer's arguments call them
+    c = TrainConfig.from_dict({"nproc_per_node": 2, "learning_rate": 0.01, "precision": "BF16",
+                               "save_total_limit": 3, "gpu_ids": "0,1", "max_steps": 5})
+    assert (c.num_processes, c.lr, c.mixed_precision, c.keep_last, c.max_steps) == (
+        2, 0.01, "bf16", 3, 5)
+    assert c.gpus == [0, 1]
+
+
 def test_every_field_has_help_for_the_form():
     helps = TrainConfig.field_help()
     assert set(helps) == {f.name for f in dataclasses.fields(TrainConfig)}
