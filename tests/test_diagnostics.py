@@ -389,7 +389,9 @@ def test_bottleneck_finder_names_data_for_a_slow_loader_and_compute_without_one(
     fast = None
     try:
         assert slow.wait(180) == "succeeded", slow.logs(0)
-        fast = gpu_lab.launch(F.train_timed, 10, 0.0, num_processes=2, name="fast-loader")
+        # more steps: on a loaded machine a few preempted data waits must not weigh as much as
+        # a slow loader (a 10-step run measured 28% data beside another test worker)
+        fast = gpu_lab.launch(F.train_timed, 40, 0.0, num_processes=2, name="fast-loader")
         assert fast.wait(180) == "succeeded", fast.logs(0)
     finally:
         for r in (slow, fast):
