@@ -1,5 +1,6 @@
-"""Out-of-memory triage in this process, without a training run: which messages count as out of
-memory under gpu_lab's memory cap, and what the report says when the request is unknown."""
+"""Triage in this process, without a training run: which messages count as out of memory under
+gpu_lab's memory cap, what the report says when the request is unknown, and which rank's failure
+comes first."""
 from __future__ import annotations
 
 import pytest
@@ -51,3 +52,17 @@ def test_onednn_failing_without_a_cap_stays_the_users_to_read(clean_notes):
 
 def test_another_error_under_a_cap_is_not_called_out_of_memory(clean_notes):
     assert _failure_inside_cap(64 * MiB, "shapes cannot be multiplied").category == USER
+
+
+def test_a_rank_that_ended_on_a_stop_signal_is_never_the_root_cause():
+    """The launcher ends the other ranks once one fails; a rank whose stop handler ran exits 143
+    rather than dying of the signal, and its line must not hide the real failure."""
+    from gpu_lab.failures.kinds import COMM, SIGNAL, RankFailure
+
+    ended = triage.from_exitcode(1, 143, pid=42, t=1.0)  # recorded first, by the supervisor
+    assert (ended.type, ended.category) == ("Stopped", SIGNAL)
+    assert ended.message == "rank 1 (pid 42) ended on a stop signal (exit code 143)"
+    timeout = RankFailure(rank=0, type="RuntimeError", message="Timed out waiting 2000ms for recv",
+                          category=COMM, t=2.0)
+    assert triage.RunError([ended, timeout]).ranks == [0, 1]
+    assert triage.from_exitcode(1, 3, pid=42).type == "ExitCode"  # any other code: the user's

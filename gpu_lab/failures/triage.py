@@ -95,6 +95,12 @@ def from_exitcode(rank: int, exitcode: int | None, pid: int | None = None,
         msg = (f"rank {rank} (pid {pid}) was killed by {name} before it could raise an exception")
         return RankFailure(rank=rank, type=name, message=msg, category=SIGNAL, exitcode=exitcode,
                            pid=pid, suggestions=list(SUGGESTIONS[SIGNAL]), t=t or time.time())
+    if exitcode == STOPPED_EXIT:
+        # the rank's own stop handler ran: the launcher ending it after a peer failed, or a stop
+        msg = f"rank {rank} (pid {pid}) ended on a stop signal (exit code {exitcode})"
+        return RankFailure(rank=rank, type="Stopped", message=msg, category=SIGNAL,
+                           exitcode=exitcode, pid=pid, suggestions=list(SUGGESTIONS[SIGNAL]),
+                           t=t or time.time())
     msg = f"rank {rank} (pid {pid}) exited with code {exitcode} without a Python exception"
     return RankFailure(rank=rank, type="ExitCode", message=msg, category=USER, exitcode=exitcode,
                        pid=pid, suggestions=list(SUGGESTIONS[USER]), t=t or time.time())
@@ -113,7 +119,8 @@ def failures_of(errors) -> list[RankFailure]:
 
 
 #: a rank the launcher ended because another rank failed first: never the root cause
-_CLEANUP = ("SIGTERM", "SignalException")
+_CLEANUP = ("SIGTERM", "SignalException", "Stopped")
+STOPPED_EXIT = 128 + signal.SIGTERM  # gpu_lab.rank.outcome.STOP_EXIT_CODE, read without torch
 
 
 class RunError:
