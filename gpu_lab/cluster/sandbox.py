@@ -1,9 +1,11 @@
-"""A private one-node Slurm cluster in a folder, to try gpu_lab.submit where no cluster is at hand
-(tutorial 10 and the tests use it).
+"""A private Slurm cluster in a folder, to try gpu_lab.submit where no cluster is at hand
+(tutorial 10 and the tests use it): one node on this host, or several `Hosts` (root only), each
+node in network, host-name and mount namespaces of its own: another machine on a private network.
 
 Debian's slurmctld, slurmd and munged (`apt install slurmctld slurmd slurm-client munge`; `make
 test` installs them) run as this user with everything (munge key and socket, slurm.conf, state,
-spool, logs, pid files) under one folder, on free ports, addressed through 127.0.0.1, with
+spool, logs, pid files) under one folder, on free ports, addressed through 127.0.0.1 (or the
+Hosts' bridge), with
 process tracking that needs no cgroups. The node declares `cpus` CPUs whatever the machine has,
 so jobs can ask for more tasks than it has cores. Job credentials last 10 s (not 120), which is
 also how long Slurm holds a requeued job before it starts again. Nothing touches /etc or a system cluster:
@@ -22,8 +24,9 @@ import socket
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 DAEMONS = ("/usr/sbin/munged", "/usr/sbin/mungekey", "/usr/sbin/slurmctld", "/usr/sbin/slurmd")
 
@@ -39,14 +42,22 @@ class PrivateSlurm:
 
     def __init__(self, folder: str | os.PathLike, cpus: int = 2, *,
                  controller_addr: str = "127.0.0.1", node_addr: str = "127.0.0.1",
-                 node_prefix: tuple[str, ...] = ()) -> None:
+                 node_prefix: tuple[str, ...] = (), hosts: "Hosts | None" = None,
+                 slurmd_timeout: int = 10) -> None:
         """controller_addr, node_addr: where slurmctld and slurmd are reached; node_prefix: a
-        command that slurmd starts under, e.g. ("ip", "netns", "exec", "ns") to put the node,
-        and so its jobs, in a network namespace of its own: another host on the network."""
+        command that slurmd starts under, e.g. ("nsenter", "--net=/run/netns/ns") to put the
+        node, and so its jobs, in a network namespace of its own: another host on the network.
+        hosts: one node on each of these Hosts (made by the caller), the controller on their
+        bridge. slurmd_timeout: seconds without an answer before a node is DOWN (its jobs
+        NODE_FAIL)."""
         self.folder = Path(folder)
         self.cpus = int(cpus)
+        self.hosts = hosts
+        if hosts is not None:
+            controller_addr = hosts.bridge_addr
         self.controller_addr, self.node_addr = controller_addr, node_addr
         self.node_prefix = tuple(node_prefix)
+        self.slurmd_timeout = int(slurmd_timeout)
         self.env: dict = {}
         self._old_conf: str | None = None
         # Unix sockets (munge's, slurmstepd's in the spool) must fit in 108 bytes: a deep folder
@@ -65,7 +76,8 @@ class PrivateSlurm:
             self.sockets = Path(tempfile.mkdtemp(prefix="gpulab-slurm-", dir="/tmp"))
             os.chmod(self.sockets, 0o755)
         (d / "state").mkdir(exist_ok=True)
-        (self.sockets / "spool").mkdir(exist_ok=True)
+        for node in self.node_names:
+            (self.sockets / "spool" / node).mkdir(parents=True, exist_ok=True)
         self.env = dict(os.environ, SLURM_CONF=str(d / "slurm.conf"))
         atexit.register(self.stop)
         key = d / "munge.key"
@@ -77,27 +89,51 @@ class PrivateSlurm:
                           f"--seed-file={d / 'munged.seed'}"]), "munged")
         (d / "slurm.conf").write_text(self._conf())
         self._check(_run(["slurmctld"], env=self.env), "slurmctld")
-        self._check(_run([*self.node_prefix, "slurmd"], env=self.env), "slurmd")
-        deadline = time.monotonic() + timeout
-        while True:  # the node registers with the controller: poll until it takes jobs
-            state = _run(["sinfo", "-h", "-o", "%t"], env=self.env, timeout=30).stdout.strip()
-            if state in ("idle", "mix", "alloc"):
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the private Slurm node is {state!r} after {timeout:.0f} s\n"
-                                   f"{self.logs()}")
-            time.sleep(0.2)
+        for node in self.node_names:
+            self.start_node(node, timeout)
         self._old_conf = os.environ.get("SLURM_CONF")
         os.environ["SLURM_CONF"] = self.env["SLURM_CONF"]
         return self.env
+
+    @property
+    def node_names(self) -> list[str]:
+        return [h.name for h in self.hosts.hosts] if self.hosts else [_hostname()]
+
+    def start_node(self, node: str, timeout: float = 60.0) -> None:
+        """Start `node`'s slurmd (again, after kill_node) and wait until it takes jobs."""
+        prefix = self.hosts.prefix(node) if self.hosts else self.node_prefix
+        self._check(_run([*prefix, "slurmd"], env=self.env), f"slurmd on {node}")
+        deadline = time.monotonic() + timeout
+        while True:  # the node registers with the controller: poll until it takes jobs
+            state = _run(["sinfo", "-h", "-N", "-n", node, "-o", "%t"], env=self.env,
+                         timeout=30).stdout.strip()
+            if state in ("idle", "mix", "alloc"):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the private Slurm node {node} is {state!r} after "
+                                   f"{timeout:.0f} s\n{self.logs()}")
+            time.sleep(0.2)
+
+    def kill_node(self, node: str) -> int:
+        """What a node's power cut does to the cluster: its slurmd, job steps and ranks die by
+        SIGKILL, with no word to anyone. Returns how many processes were killed."""
+        if self.hosts is None:
+            raise ValueError("kill_node needs a cluster on Hosts: the one node is this host")
+        return self.hosts.kill_all(node)
 
     @property
     def _munge(self) -> Path:
         return self.sockets / "munge.sock"
 
     def _conf(self) -> str:
-        d, host = self.folder, socket.gethostname().split(".")[0]
+        d, host = self.folder, _hostname()
         user = _user()
+        if self.hosts is None:
+            nodes = (f"NodeName={host} NodeAddr={self.node_addr} CPUs={self.cpus} "
+                     "RealMemory=1000 State=UNKNOWN")
+        else:  # each slurmd finds its NodeName by its host name, in its own UTS namespace
+            nodes = "\n".join(f"NodeName={h.name} NodeAddr={h.addr} CPUs={self.cpus} "
+                              "RealMemory=1000 State=UNKNOWN" for h in self.hosts.hosts)
         return f"""\
 ClusterName=gpulabsandbox
 SlurmctldHost={host}({self.controller_addr})
@@ -108,11 +144,12 @@ AuthInfo=socket={self._munge},cred_expire=10
 SlurmUser={user}
 SlurmdUser={user}
 StateSaveLocation={d / 'state'}
-SlurmdSpoolDir={self.sockets / 'spool'}
+SlurmdSpoolDir={self.sockets / 'spool' / '%n'}
 SlurmctldPidFile={d / 'slurmctld.pid'}
-SlurmdPidFile={d / 'slurmd.pid'}
+SlurmdPidFile={d / 'slurmd-%n.pid'}
 SlurmctldLogFile={d / 'slurmctld.log'}
-SlurmdLogFile={d / 'slurmd.log'}
+SlurmdLogFile={d / 'slurmd-%n.log'}
+SlurmdTimeout={self.slurmd_timeout}
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
@@ -122,7 +159,7 @@ MpiDefault=none
 ReturnToService=2
 SlurmdParameters=config_overrides
 KillWait=5
-NodeName={host} NodeAddr={self.node_addr} CPUs={self.cpus} RealMemory=1000 State=UNKNOWN
+{nodes}
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
 
@@ -133,7 +170,8 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 
     def logs(self, lines: int = 20) -> str:
         out = []
-        for name in ("munged.log", "slurmctld.log", "slurmd.log"):
+        for name in ("munged.log", "slurmctld.log",
+                     *(f"slurmd-{n}.log" for n in self.node_names)):
             p = self.folder / name
             if p.exists():
                 tail = "".join(p.read_text(errors="replace").splitlines(True)[-lines:])
@@ -147,8 +185,9 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         if (d / "slurmctld.pid").exists():
             self._cancel_all(timeout)
             _run(["scontrol", "shutdown"], env=self.env or None, timeout=30)
-        for name in ("slurmd", "slurmctld"):
-            _kill_pidfile(d / f"{name}.pid", name)
+        for node in self.node_names:
+            _kill_pidfile(d / f"slurmd-{node}.pid", "slurmd")
+        _kill_pidfile(d / "slurmctld.pid", "slurmctld")
         if self.sockets is not None and self._munge.exists():
             _run(["munged", "--stop", f"--socket={self._munge}"], timeout=30)
         _kill_pidfile(d / "munged.pid", "munged")
@@ -179,6 +218,123 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         self.stop()
 
 
+@dataclass(frozen=True)
+class Host:
+    name: str  # its host name, and its Slurm node name
+    addr: str  # its address on the bridge
+    netns: str  # its network namespace (ip netns)
+
+
+class Hosts:
+    """Machines on a private network, made of namespaces (root only): each host a network
+    namespace with an address on a bridge that this host also has an address on, a host name
+    of its own (UTS namespace) and an /etc/hosts of its own that names them all (mount
+    namespace), entered by `prefix(name)` for each command it runs. Traffic stays on the
+    bridge. `create()` / `remove()`, or a with-block; `available()` says why not, if not."""
+
+    def __init__(self, folder: str | os.PathLike, count: int = 2, *, tag: int | None = None) -> None:
+        n = (os.getpid() if tag is None else tag) % 200 + 20  # two test sessions never collide
+        self.folder = Path(folder)
+        self.net = f"10.81.{n}"
+        self.bridge, self.bridge_addr = f"glbr{n}", f"10.81.{n}.1"
+        self.hosts = [Host(f"gplab{n}-n{i}", f"10.81.{n}.{i + 2}", f"gplab{n}n{i}")
+                      for i in range(count)]
+        self.hosts_file = self.folder / "etc-hosts"
+
+    @staticmethod
+    def available() -> str | None:
+        """Why namespaces cannot be made here, or None."""
+        if os.geteuid() != 0:
+            return "private hosts need root (network and mount namespaces)"
+        missing = [c for c in ("ip", "nsenter", "unshare", "mount") if shutil.which(c) is None]
+        return f"{', '.join(missing)} not found" if missing else None
+
+    def host(self, name: str) -> Host:
+        for h in self.hosts:
+            if h.name == name:
+                return h
+        raise ValueError(f"no host {name!r}; these are: {', '.join(h.name for h in self.hosts)}")
+
+    def prefix(self, name: str) -> tuple[str, ...]:
+        """The command that runs the rest of a command line on host `name`. nsenter, not `ip
+        netns exec`: that remounts /sys, where slurmd looks for cgroups."""
+        h = self.host(name)
+        return ("nsenter", f"--net=/run/netns/{h.netns}", "unshare", "--uts", "--mount",
+                "--propagation", "private", "sh", "-c",
+                'mount --bind "$1" /etc/hosts && hostname "$2" && shift 2 && exec "$@"',
+                "sh", str(self.hosts_file), h.name)
+
+    def create(self) -> "Hosts":
+        why = self.available()
+        if why:
+            raise RuntimeError(f"cannot make private hosts: {why}")
+        self.folder.mkdir(parents=True, exist_ok=True)
+        here = _hostname()
+        lines = ["127.0.0.1 localhost", f"{self.bridge_addr} {here}"]
+        lines += [f"{h.addr} {h.name}" for h in self.hosts]
+        self.hosts_file.write_text("\n".join(lines) + "\n")
+        self.hosts_file.chmod(0o644)  # what /etc/hosts is: every process reads names from it
+        atexit.register(self.remove)
+        steps = [["ip", "link", "add", self.bridge, "type", "bridge"],
+                 ["ip", "addr", "add", f"{self.bridge_addr}/24", "dev", self.bridge],
+                 ["ip", "link", "set", self.bridge, "up"]]
+        for i, h in enumerate(self.hosts):
+            outer, inner = f"{self.bridge}v{i}", f"{self.bridge}i{i}"
+            inside = ["ip", "netns", "exec", h.netns]
+            steps += [["ip", "netns", "add", h.netns],
+                      ["ip", "link", "add", outer, "type", "veth", "peer", "name", inner],
+                      ["ip", "link", "set", inner, "netns", h.netns],
+                      ["ip", "link", "set", outer, "master", self.bridge],
+                      ["ip", "link", "set", outer, "up"],
+                      [*inside, "ip", "addr", "add", f"{h.addr}/24", "dev", inner],
+                      [*inside, "ip", "link", "set", inner, "up"],
+                      [*inside, "ip", "link", "set", "lo", "up"]]
+        for step in steps:
+            done = _run(step)
+            if done.returncode != 0:
+                self.remove()
+                raise RuntimeError(f"{' '.join(step)} failed: {done.stderr.strip()}")
+        return self
+
+    def pids(self, name: str) -> list[int]:
+        """The processes on host `name` (in its network namespace)."""
+        try:
+            ns = os.stat(f"/run/netns/{self.host(name).netns}").st_ino
+        except FileNotFoundError:
+            return []
+        out = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    if os.stat(f"/proc/{entry}/ns/net").st_ino == ns:
+                        out.append(int(entry))
+                except OSError:
+                    continue  # it exited
+        return out
+
+    def kill_all(self, name: str) -> int:
+        """SIGKILL every process on host `name`; returns how many there were."""
+        pids = self.pids(name)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return len(pids)
+
+    def remove(self) -> None:
+        """Kill what still runs on the hosts and remove them and the bridge."""
+        for h in self.hosts:
+            self.kill_all(h.name)
+            _run(["ip", "netns", "del", h.netns])
+        _run(["ip", "link", "del", self.bridge])  # its veths went with their namespaces
+        atexit.unregister(self.remove)
+
+    def __enter__(self) -> "Hosts":
+        return self.create()
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+
 @contextlib.contextmanager
 def private_cluster(folder: str | os.PathLike, cpus: int = 2) -> Iterator[dict]:
     """A PrivateSlurm for the duration of a with-block; yields its environment."""
@@ -188,6 +344,10 @@ def private_cluster(folder: str | os.PathLike, cpus: int = 2) -> Iterator[dict]:
 
 def _run(cmd: list[str], env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _hostname() -> str:
+    return socket.gethostname().split(".")[0]
 
 
 def _user() -> str:

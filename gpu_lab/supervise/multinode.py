@@ -20,11 +20,21 @@ that server). Through the store, under `gpu_lab/record/`:
 Only public keys travel (the store is plaintext); each secret stays on its node. Node k's
 launch keeps a row of its own (its status, its logs, its rank files), whose `part_of` names
 node 0's run; its ranks' metrics, logs and checkpoints belong to node 0's run.
+
+One end (NodeEnds): a stop reaches node 0 only (its kernel's Run.stop()), and a rank that is not
+in fit() dies of it, so the other nodes' ranks see their peers vanish and would end `failed`.
+Node 0 says `end` = {status, reason} once it has decided its end, and holds the store until each
+node k says `done/k` (at most DONE_WAIT s). Node k watches for `end` while its ranks run: node 0
+stopped, it stops its own ranks the way Run.stop() does; and it decides its own end with node 0's
+in hand, so a stop on node 0 ends every node `stopped`, with node 0's reason.
 """
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
+import threading
 import time
 from dataclasses import fields
 from datetime import timedelta
@@ -32,6 +42,9 @@ from typing import Any, Callable
 
 PREFIX = "gpu_lab/record/"
 JOIN_TIMEOUT = 900.0  # s a node waits for the others' word: torch's default rendezvous timeout
+DONE_WAIT = 15.0  # s node 0 holds the store for the other nodes to hear its end
+HEAD_WAIT = 30.0  # s node k waits for node 0's end before deciding its own failure alone
+STOP_ENDS = ("stopped", "pruned")  # node 0's ends that the other nodes take as theirs
 
 
 def record_host(master_addr: str) -> str:
@@ -108,7 +121,70 @@ def join_record(master_addr: str, port: int, node_rank: int, run_id: str,
           f"{node_rank}", timeout)
     head = _wait(store, "recorder", "node 0 did not say where its recorder is", timeout)
     return {"run": head["run"], "host": head["host"], "address": head["address"],
-            "key": ClientKey(head["server"], public, secret)}
+            "key": ClientKey(head["server"], public, secret), "store": store}
+
+
+class NodeEnds:
+    """One end for every node of a run (module docstring): `watch(folder)` on node k while its
+    ranks run, `settle(status, reason)` once a node has decided its end, on every node."""
+
+    def __init__(self, store: Any, num_nodes: int, node_rank: int) -> None:
+        self.store, self.num_nodes, self.node_rank = store, num_nodes, node_rank
+        self.head: dict | None = None  # node 0's end, as node k heard it
+        self._heard = threading.Event()  # node 0's end heard, or the store gone
+        self._ranks_done = threading.Event()
+
+    def watch(self, folder: Any) -> None:
+        """Node k: a thread that stops this node's ranks when node 0 ends stopped."""
+        threading.Thread(target=self._watch, args=(folder,), name="gpu_lab-node-ends",
+                         daemon=True).start()
+
+    def _watch(self, folder: Any) -> None:
+        try:
+            while not self.store.check([PREFIX + "end"]):
+                time.sleep(0.1)
+            self.head = json.loads(self.store.get(PREFIX + "end"))
+        except Exception:  # noqa: BLE001 - node 0's store is gone: nothing more will be said
+            return
+        finally:
+            self._heard.set()
+        if self.head.get("status") in STOP_ENDS and not self._ranks_done.is_set():
+            folder.request_stop(self.head.get("reason") or "stopped on node 0",
+                                self.head["status"])
+            print(f"gpu_lab supervisor: node 0 ended {self.head['status']} "
+                  f"({self.head.get('reason')}); stopping this node's ranks", flush=True)
+            os.killpg(0, signal.SIGTERM)  # as Run.stop(): the ranks checkpoint, the agent returns
+
+    def settle(self, status: str, reason: str | None) -> tuple[str, str | None]:
+        """This node's end, told to (node 0) or squared with (node k) node 0's: (status, reason).
+        Node 0 says its end (then `hold()` after recording it); node k takes node 0's stop as
+        its own end, over a failure that was only its ranks losing their peers."""
+        self._ranks_done.set()
+        try:
+            if self.node_rank == 0:
+                self.store.set(PREFIX + "end", json.dumps({"status": status, "reason": reason}))
+                return status, reason
+            self._heard.wait(HEAD_WAIT)  # (the watcher's store client is then free)
+            head = self.head or {}
+            if head.get("status") in STOP_ENDS and status in ("failed", "stopped"):
+                status, reason = head["status"], head.get("reason") or "stopped on node 0"
+            self.store.set(f"{PREFIX}done/{self.node_rank}", "1")
+        except Exception:  # noqa: BLE001 - the other side is gone: this node's own word stands
+            pass
+        return status, reason
+
+    def hold(self) -> None:
+        """Node 0, its end recorded: keep the store until every other node has heard it (at
+        most DONE_WAIT s; a stop's grace may end this process sooner, its end already kept)."""
+        try:
+            if self.node_rank == 0:
+                done = [f"{PREFIX}done/{k}" for k in range(1, self.num_nodes)]
+                deadline = time.monotonic() + DONE_WAIT
+                while not self.store.check(done) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+        except Exception:  # noqa: BLE001 - a node gone: nothing more to wait for
+            pass
+        self.store = None  # node 0's server closes once the others heard its end
 
 
 def rendezvous_config(backend: str, node_rank: int) -> dict[str, Any]:
@@ -178,4 +254,4 @@ def join_nodes(spec: Any, recorder: Any, where: dict) -> tuple[dict, Any]:
                            "node_rank": spec.node_rank})
     print(f"gpu_lab supervisor: node {spec.node_rank}'s ranks report to run {target['run']} on "
           f"{target['host']} ({target['address']})", flush=True)
-    return target, None
+    return target, target.pop("store")

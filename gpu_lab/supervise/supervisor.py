@@ -39,7 +39,7 @@ from ..rank import outcome
 from ..rank.entry import RankEntry, redirect_output
 from ..rank.outcome import EXIT_FAILED, EXIT_OK, STOP_EXIT_CODE, STOP_SIGNALS, kill_live_workers
 from .claims import ClaimCancelled, DevicesBusy
-from .multinode import join_nodes, record_host
+from .multinode import NodeEnds, join_nodes, record_host
 from .turn import try_devices, wait_turn
 
 
@@ -160,6 +160,7 @@ def supervise(spec: Spec) -> None:
     folder = RunFolder(spec.run_dir)
     end = End("failed", EXIT_FAILED)
     claim = None
+    nodes = None
     try:
         recorder = None
         try:
@@ -172,6 +173,10 @@ def supervise(spec: Spec) -> None:
                 raise refused
             claim = wait_turn(spec, recorder, claim)
             target, store = join_nodes(spec, recorder, where)
+            if store is not None:  # the nodes' one end (multinode.NodeEnds)
+                nodes = NodeEnds(store, spec.num_nodes, spec.node_rank)
+                if spec.node_rank > 0:
+                    nodes.watch(folder)
             _ranks_environment(spec, target, claim)
             print(f"gpu_lab supervisor pid={os.getpid()} run={spec.run_id} "
                   f"ranks={spec.num_processes} device={spec.device} port={spec.port} "
@@ -182,6 +187,11 @@ def supervise(spec: Spec) -> None:
             error, in_launch, monitor = exc, False, None
         _ignore_stop_signals()  # the bookkeeping below must not be cut short
         end = decide_end(folder, error, in_launch)
+        if nodes is not None:
+            status, reason = nodes.settle(end.status, end.reason)
+            if status != end.status:  # node 0 was stopped: this node's failure was its loss
+                end = End(status, STOP_EXIT_CODE, reason, f"node 0 ended {status}; this node's "
+                          f"ranks saw it as: {end.note[-2000:]}")
         if end.status == "failed" and monitor is not None:
             monitor.stop()
             _record_child_failures(error, folder, monitor.deaths)
@@ -195,6 +205,8 @@ def supervise(spec: Spec) -> None:
         _record_end(folder, recorder, end)
         if claim is not None:  # once its end is recorded: a run's [started, ended] is its own
             claim.release()
+        if nodes is not None:
+            nodes.hold()
     except BaseException:  # noqa: BLE001 - nothing is left to record it with
         pass
     finally:
