@@ -42,7 +42,7 @@ chromium:
 	fi
 
 # Debian's Slurm (controller, node daemon, client, munge): the export test starts a private
-# one-node cluster in a temp dir and asks it `sbatch --test-only` about the generated script.
+# one-node cluster (and a two-node one on private hosts) in a temp dir for the Slurm tests.
 SLURM_PKGS := slurmctld slurmd slurm-client munge
 slurm:
 	@if ! command -v sbatch >/dev/null || [ ! -x /usr/sbin/slurmctld ] || [ ! -x /usr/sbin/munged ]; then \

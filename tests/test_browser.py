@@ -247,6 +247,17 @@ def _show_panel(page) -> None:
     page.locator("#gpu-lab-panel").wait_for(state="visible")
 
 
+def open_run_view(page, run_id: str):
+    """Open a run's view from its line in the side panel; the view's locator, once shown."""
+    _show_panel(page)
+    card = page.locator(f'#gpu-lab-panel .jp-GpuLab-run[data-run-id="{run_id}"]')
+    card.wait_for()
+    card.locator("button.jp-GpuLab-open-dashboard").click()
+    view = page.locator(".jp-GpuLab-runview:visible")
+    view.wait_for()
+    return view
+
+
 def _exists(p: psutil.Process) -> bool:
     try:
         return p.is_running()
@@ -369,12 +380,7 @@ def _run_view_scenario(page, lab) -> dict:  # noqa: C901 (one story, in order)
     broken_id = runs["view-broken"]["id"]
 
     # 2. open the long run's view from the side panel ------------------------------------------
-    _show_panel(page)
-    card = page.locator(f'#gpu-lab-panel .jp-GpuLab-run[data-run-id="{long_id}"]')
-    card.wait_for()
-    card.locator("button.jp-GpuLab-open-dashboard").click()
-    view = page.locator(".jp-GpuLab-runview:visible")
-    view.wait_for()
+    view = open_run_view(page, long_id)
 
     # 3. axes with tick labels; both ranks' loss, throughput and learning rate, and their mean
     def drawn(metric: str, n: int) -> bool:

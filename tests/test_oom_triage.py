@@ -66,3 +66,18 @@ def test_a_rank_that_ended_on_a_stop_signal_is_never_the_root_cause():
                           category=COMM, t=2.0)
     assert triage.RunError([ended, timeout]).ranks == [0, 1]
     assert triage.from_exitcode(1, 3, pid=42).type == "ExitCode"  # any other code: the user's
+
+
+def test_a_node_lost_under_a_rank_comes_before_what_its_peers_saw():
+    """A node that went down takes its rank silently; its peer's lost connection (recorded first,
+    by the rank itself) is a consequence, so the node is the run's root cause and headline."""
+    from gpu_lab.failures.kinds import COMM, NODE, RankFailure
+
+    peer = RankFailure(rank=0, type="RuntimeError", message="Connection reset by peer",
+                       category=COMM, t=1.0)
+    lost = triage.node_lost(1, "gpu-n7", "Slurm: down*, Not responding")
+    report = triage.RunError([peer, lost])
+    assert report.ranks == [1, 0] and report.category == NODE
+    assert report.headline == ("rank 1: NodeLost: node gpu-n7 stopped answering (Slurm: down*, "
+                               "Not responding); rank 1 ran there and ended with it [node lost]")
+    assert "run.resume()" in str(report)

@@ -184,6 +184,8 @@ export interface IRunDetail extends IRun {
   logs: ILogChunk[];
   /** rank -> pid: what NVML lists on the GPUs a rank uses */
   pids?: Record<string, number>;
+  /** rank -> the host it runs on */
+  hosts?: Record<string, string>;
 }
 
 /** What the server pushes to a view that follows a run (each part only when new). */

@@ -68,6 +68,8 @@ export class RunViewModel {
   readonly logs = new Map<string, ILogBuffer>();
   /** the ranks' pids (status events), to find the GPUs they hold memory on */
   readonly pids = new Set<string>();
+  /** rank -> the host it runs on (its status events): a multi-node run's curves name it */
+  readonly hosts = new Map<string, string>();
   /** indices of the GPUs the run's ranks hold memory on (empty: not known, e.g. no GPU) */
   readonly runGpus = new Set<number>();
   /** the newest event applied */
@@ -151,6 +153,7 @@ export class RunViewModel {
     }
     this.notes = d.notes.slice(-NOTES_KEEP);
     Object.values(d.pids ?? {}).forEach(pid => this.pids.add(String(pid)));
+    Object.entries(d.hosts ?? {}).forEach(([rank, host]) => this.hosts.set(rank, host));
     for (const chunk of d.logs) {
       this._addLog(chunk);
     }
@@ -206,6 +209,10 @@ export class RunViewModel {
         series = true;
       } else if (e.kind === 'status' && e.rank >= 0 && typeof e.data.pid === 'number') {
         this.pids.add(String(e.data.pid));
+        if (typeof e.data.host === 'string') {
+          this.hosts.set(String(e.rank), e.data.host);
+          series = true; // the curves' labels name the host
+        }
       } else if (e.kind === 'log' || e.kind === 'error' || e.kind === 'dropped') {
         this.notes.push(e);
         notes = true;

@@ -416,10 +416,13 @@ export class RunView extends Widget {
     ranks: number
   ): IChartSeries[] {
     const keys = [...byKey.keys()].filter(k => k !== MEAN).sort((a, b) => +a - +b);
+    // ranks on more than one host: each curve names its node
+    const hosts = this.model.hosts;
+    const nodes = new Set(keys.map(k => hosts.get(k)).filter(Boolean)).size > 1;
     const out: IChartSeries[] = keys.map(k => {
       const s = byKey.get(k)!;
       return {
-        label: `rank ${k}`,
+        label: nodes && hosts.get(k) ? `rank ${k} · ${hosts.get(k)}` : `rank ${k}`,
         x: x === 'step' ? s.steps : s.times,
         y: s.values,
         color: PALETTE[+k % PALETTE.length]

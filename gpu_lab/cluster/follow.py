@@ -35,6 +35,7 @@ from ..access import open_private
 from ..record import events as ev
 from ..record.runfolder import RunFolder
 from . import slurm, states
+from .lost import lost_sentence, record_lost_ranks
 from .relay import Relay
 
 POLL_ENV = "GPU_LAB_SLURM_POLL_S"
@@ -122,6 +123,11 @@ class Follower:
                           f"{log}")
         elif status in ev.FINAL_STATUSES:
             if _count(self.ended, rid) >= ENDED_LOOKS:  # the job writes its end before it exits
+                if job.state.startswith("NODE_FAIL") and row.get("run_dir"):
+                    # the node the job's supervisor ran on was lost with it: name it here
+                    lost = record_lost_ranks(RunFolder(row["run_dir"]), job.nodes, int(
+                        (row["job"].get("options") or {}).get("ranks_per_node") or 1))
+                    reason = f"Slurm: NODE_FAIL: {lost_sentence(lost)}" if lost else reason
                 self._end(row, status, reason)
 
     def _enforce_stop(self, row: dict) -> None:

@@ -127,12 +127,19 @@ class Job:
                     slurm.requeue
             return {"status": "stopped", "exitcode": code, "reason": (
                 "checkpointed before the time limit (requeue=False): resume the run to go on")}, None
-        from ..failures.triage import RankFailure
+        from ..failures.triage import RunError, failures_of
+        from .lost import lost_sentence, record_lost_ranks
 
-        errors = sorted(self.folder.read_errors(), key=lambda d: d.get("t") or 0)
-        text = (RankFailure.from_dict(errors[0]).summary() if errors  # the earliest: the cause
-                else f"srun exited with code {code}; see the ranks' logs")
-        return {"status": "failed", "exitcode": code, "error": text}, None
+        # a node that went down took its ranks with it, silently: named before what their
+        # peers saw of it (a connection reset)
+        lost = record_lost_ranks(self.folder, os.environ.get("SLURM_JOB_NODELIST"),
+                                 int(self.spec["ranks_per_node"]))
+        report = RunError(failures_of(self.folder.read_errors()))  # root cause first
+        text = report.headline or f"srun exited with code {code}; see the ranks' logs"
+        end = {"status": "failed", "exitcode": code, "error": text}
+        if lost:
+            end["reason"] = lost_sentence(lost)
+        return end, None
 
 
 def main(argv: list[str]) -> int:

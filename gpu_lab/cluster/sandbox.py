@@ -26,7 +26,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterator
 
 DAEMONS = ("/usr/sbin/munged", "/usr/sbin/mungekey", "/usr/sbin/slurmctld", "/usr/sbin/slurmd")
 
@@ -232,14 +232,16 @@ class Hosts:
     namespace), entered by `prefix(name)` for each command it runs. Traffic stays on the
     bridge. `create()` / `remove()`, or a with-block; `available()` says why not, if not."""
 
-    def __init__(self, folder: str | os.PathLike, count: int = 2, *, tag: int | None = None) -> None:
-        n = (os.getpid() if tag is None else tag) % 200 + 20  # two test sessions never collide
-        self.folder = Path(folder)
-        self.net = f"10.81.{n}"
+    def __init__(self, folder: str | os.PathLike, count: int = 2) -> None:
+        self.folder, self.count = Path(folder), int(count)
+        self._name(os.getpid() % 200 + 20)
+        self.hosts_file = self.folder / "etc-hosts"
+
+    def _name(self, n: int) -> None:
+        """Names and addresses from network number n (10.81.n.0/24)."""
         self.bridge, self.bridge_addr = f"glbr{n}", f"10.81.{n}.1"
         self.hosts = [Host(f"gplab{n}-n{i}", f"10.81.{n}.{i + 2}", f"gplab{n}n{i}")
-                      for i in range(count)]
-        self.hosts_file = self.folder / "etc-hosts"
+                      for i in range(self.count)]
 
     @staticmethod
     def available() -> str | None:
@@ -269,14 +271,24 @@ class Hosts:
         if why:
             raise RuntimeError(f"cannot make private hosts: {why}")
         self.folder.mkdir(parents=True, exist_ok=True)
+        first = int(self.bridge[4:])
+        for n in [*range(first, 220), *range(20, first)]:  # the bridge's name is the lock
+            self._name(n)
+            made = _run(["ip", "link", "add", self.bridge, "type", "bridge"])
+            if made.returncode == 0:
+                break
+            if "exists" not in made.stderr:
+                raise RuntimeError(f"ip link add {self.bridge} type bridge failed: "
+                                   f"{made.stderr.strip()}")
+        else:
+            raise RuntimeError("no free network for private hosts (10.81.20-219.0/24 all taken)")
+        atexit.register(self.remove)
         here = _hostname()
         lines = ["127.0.0.1 localhost", f"{self.bridge_addr} {here}"]
         lines += [f"{h.addr} {h.name}" for h in self.hosts]
         self.hosts_file.write_text("\n".join(lines) + "\n")
         self.hosts_file.chmod(0o644)  # what /etc/hosts is: every process reads names from it
-        atexit.register(self.remove)
-        steps = [["ip", "link", "add", self.bridge, "type", "bridge"],
-                 ["ip", "addr", "add", f"{self.bridge_addr}/24", "dev", self.bridge],
+        steps = [["ip", "addr", "add", f"{self.bridge_addr}/24", "dev", self.bridge],
                  ["ip", "link", "set", self.bridge, "up"]]
         for i, h in enumerate(self.hosts):
             outer, inner = f"{self.bridge}v{i}", f"{self.bridge}i{i}"

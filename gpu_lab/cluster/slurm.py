@@ -134,6 +134,29 @@ def _sacct(ids: list[str]) -> dict[str, JobState]:
     return out
 
 
+def hostnames(nodelist: str | None) -> list[str]:
+    """A node list as Slurm writes it ("n[0-1],gpu7") as its host names, in the job's order."""
+    if not nodelist:
+        return []
+    return _run(["scontrol", "show", "hostnames", nodelist]).stdout.split()
+
+
+def lost_nodes(nodelist: str | None) -> dict[str, str]:
+    """The nodes of `nodelist` that Slurm finds down or not answering: {node: "state, reason"}."""
+    if not nodelist:
+        return {}
+    done = _run(["sinfo", "-h", "-N", "-n", nodelist, "-o", "%N|%t|%E"], check=False)
+    out = {}
+    for line in done.stdout.splitlines():
+        node, _, rest = line.partition("|")
+        state, _, reason = rest.partition("|")
+        # "*": not answering; down, fail: taken out of service (a failed node is both)
+        if state.endswith("*") or state.rstrip("*~#!%$@^-") in ("down", "fail", "failg"):
+            out[node.strip()] = f"Slurm: {state.strip()}" + (
+                f", {reason.strip()}" if _none(reason.strip()) and reason.strip() != "none" else "")
+    return out
+
+
 def signal(job_id: str, name: str) -> None:
     """Send signal `name` (e.g. "USR1") to the job's steps, the ranks srun started; the batch
     script is not signalled."""

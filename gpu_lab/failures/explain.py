@@ -14,7 +14,7 @@ import os
 import re
 
 from .frameworks import world_suggestions
-from .kinds import COMM, DATA, OOM, SIGNAL, STORAGE, USER, RankFailure
+from .kinds import COMM, DATA, NODE, OOM, SIGNAL, STORAGE, USER, RankFailure
 from .oom import oom_sentence, oom_suggestions
 from ..units import fmt_bytes, parse_size
 
@@ -432,6 +432,10 @@ SUGGESTIONS = {
     SIGNAL: ["SIGKILL without a Python traceback is usually the host's out-of-memory killer: "
              "check `dmesg`, `free -h`, and lower num_workers or batch_size",
              "a scheduler (Slurm, Kubernetes) may have ended the job: check its logs"],
+    NODE: ["resume the run once the node is back (run.resume()): it continues from the newest "
+           "complete checkpoint, so checkpoint_every sets how much is done again",
+           "`sinfo -R` says why Slurm took the node down; if it stays down, ask the cluster's "
+           "administrators, or resume on a partition without it (run.resume(partition=...))"],
 }
 
 __all__ = ["SUGGESTIONS", "explain", "note", "noted", "parse_oom", "parse_comm", "parse_data",

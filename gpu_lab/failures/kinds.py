@@ -10,7 +10,8 @@ DATA = "data loading"
 STORAGE = "storage"
 USER = "user code"
 SIGNAL = "killed by a signal"
-CATEGORIES = (OOM, COMM, DATA, STORAGE, USER, SIGNAL)
+NODE = "node lost"  # a cluster node went down under the rank (Slurm: NODE_FAIL)
+CATEGORIES = (OOM, COMM, DATA, STORAGE, USER, SIGNAL, NODE)
 
 
 @dataclass
@@ -50,4 +51,5 @@ class RankFailure:
         return "\n".join(lines)
 
 
-__all__ = ["RankFailure", "CATEGORIES", "OOM", "COMM", "DATA", "STORAGE", "USER", "SIGNAL"]
+__all__ = ["RankFailure", "CATEGORIES", "OOM", "COMM", "DATA", "STORAGE", "USER", "SIGNAL",
+           "NODE"]

@@ -12,7 +12,7 @@ import time
 import traceback as tb
 
 from .explain import SUGGESTIONS, explain, noted
-from .kinds import CATEGORIES, COMM, DATA, OOM, SIGNAL, STORAGE, USER, RankFailure
+from .kinds import CATEGORIES, COMM, DATA, NODE, OOM, SIGNAL, STORAGE, USER, RankFailure
 
 _PATTERNS = (
     (OOM, ("OutOfMemoryError", "out of memory", "CUDA error: out of memory", "MemoryError",
@@ -106,6 +106,15 @@ def from_exitcode(rank: int, exitcode: int | None, pid: int | None = None,
                        pid=pid, suggestions=list(SUGGESTIONS[USER]), t=t or time.time())
 
 
+def node_lost(rank: int, node: str, state: str) -> RankFailure:
+    """A rank that ended with its node: the node stopped answering (Slurm took it down), so the
+    rank could say nothing. Its peers' errors are what they saw of it."""
+    msg = (f"node {node} stopped answering ({state}); rank {rank} ran there and ended with it")
+    return RankFailure(rank=rank, type="NodeLost", message=msg, category=NODE,
+                       suggestions=list(SUGGESTIONS[NODE]), t=time.time(),
+                       details={"node": node, "node_state": state})
+
+
 def failures_of(errors) -> list[RankFailure]:
     """The failures in the error files the run's ranks (or its supervisor, for a killed rank)
     wrote (RunFolder.read_errors()); one that does not parse is skipped (a rank died writing it)."""
@@ -185,4 +194,4 @@ class RunError:
 
 
 __all__ = ["RankFailure", "RunError", "categorize", "from_exception", "from_exitcode", "failures_of",
-           "CATEGORIES", "OOM", "COMM", "DATA", "STORAGE", "USER", "SIGNAL"]
+           "node_lost", "CATEGORIES", "OOM", "COMM", "DATA", "STORAGE", "USER", "SIGNAL", "NODE"]

@@ -57,8 +57,10 @@ def submit(fn: Callable | str, *args: Any, config: TrainConfig | dict | None = N
     partition, account, qos, time_limit: Slurm's. Before the time limit the ranks get SIGUSR1,
       checkpoint and exit; with requeue=True the job goes back in the queue and resumes.
     resume: continue from a checkpoint, as launch(..., resume=) takes it.
-    The run folder (under GPU_LAB_HOME) must be on a file system the nodes share; the record
-    stays on this host (the job reports to a recorder here).
+    nodes: more than one puts ranks_per_node ranks on each node, one process group.
+    The run folder (under GPU_LAB_HOME) must be on a file system the nodes share; the registry
+    and the record stay on this host (every rank reports to a recorder here, over the run's
+    channel), so the nodes never open the registry.
     """
     from ..rank.address import entry_of, resolve_entry
     from .launcher import _resume_source

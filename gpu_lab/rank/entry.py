@@ -73,7 +73,7 @@ class RankEntry:
         try:
             _check_fork_safe()
             adopt.prepare()  # accelerate's group and tracker, no nested ranks, not interactive
-            reporter.status("running", pid=os.getpid())
+            reporter.running()
             result = self.fn(*args)
             _quiet(previous)
             return result

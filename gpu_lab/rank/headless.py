@@ -168,6 +168,7 @@ def _call(fn: Any, config: Any, topo: Topology, folder: Any,
         outcome.set_stop_handlers(outcome.raise_stopped)
     try:
         adopt.prepare()  # accelerate's group and tracker, as in a launched rank
+        reporter.running()
         result = fn(config) if config is not None else fn()
         if topo.rank == 0:
             outcome.write_result(folder, result, reporter)

@@ -21,6 +21,7 @@ import atexit
 import collections
 import operator
 import os
+import socket
 import reprlib
 import sys
 import threading
@@ -187,6 +188,11 @@ class Reporter:
 
     def status(self, status: str, **extra: Any) -> None:
         self._put(ev.STATUS, {"status": status, **extra})
+
+    def running(self) -> None:
+        """A rank's first word: its pid (what NVML lists on the GPUs it uses) and its host (the
+        node it runs on, which the run view names on a multi-node run's curves)."""
+        self.status("running", pid=os.getpid(), host=socket.gethostname())
 
     def error(self, data: dict) -> None:
         self._put(ev.ERROR, data)

@@ -78,10 +78,13 @@ def detail(registry: Any, run_id: str, points: int = DEFAULT_POINTS) -> dict | N
     out["notes"] = [event_to_wire(e) for e in
                     registry.last_events(run_id, NOTE_KINDS, NOTES_KEPT, upto=seq)]
     # each rank's pid (from its status events): what NVML lists on the GPUs the rank uses
-    out["pids"] = {str(e["rank"]): e["data"]["pid"]
-                   for e in registry.last_events(run_id, [ev.STATUS], STATUSES_KEPT, upto=seq)
-                   if isinstance(e["data"], dict) and isinstance(e["data"].get("pid"), int)
-                   and isinstance(e["rank"], int) and e["rank"] >= 0}
+    statuses = [e for e in registry.last_events(run_id, [ev.STATUS], STATUSES_KEPT, upto=seq)
+                if isinstance(e["data"], dict) and isinstance(e["rank"], int) and e["rank"] >= 0]
+    out["pids"] = {str(e["rank"]): e["data"]["pid"] for e in statuses
+                   if isinstance(e["data"].get("pid"), int)}
+    # and the host each rank ran on: a multi-node run's curves say which node
+    out["hosts"] = {str(e["rank"]): e["data"]["host"] for e in statuses
+                    if isinstance(e["data"].get("host"), str)}
     out["failure"] = failure(row)
     out["logs"] = [read_log(row.get("run_dir"), name, -1) for name in log_files(row.get("run_dir"))]
     return out
