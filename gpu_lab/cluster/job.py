@@ -131,15 +131,30 @@ class Job:
         from .lost import lost_sentence, record_lost_ranks
 
         # a node that went down took its ranks with it, silently: named before what their
-        # peers saw of it (a connection reset)
+        # peers saw of it (a connection reset). A job that may be requeued goes back in the
+        # queue, as Slurm does with it after a node failure, and resumes from its checkpoint.
+        requeue = bool(self.spec.get("requeue", True))
         lost = record_lost_ranks(self.folder, os.environ.get("SLURM_JOB_NODELIST"),
-                                 int(self.spec["ranks_per_node"]))
+                                 int(self.spec["ranks_per_node"]), write=not requeue)
+        if lost and requeue:
+            return {"status": "queued", "reason": lost_sentence(lost, requeued=True)}, \
+                _requeue_after_node_failure
         report = RunError(failures_of(self.folder.read_errors()))  # root cause first
         text = report.headline or f"srun exited with code {code}; see the ranks' logs"
         end = {"status": "failed", "exitcode": code, "error": text}
         if lost:
             end["reason"] = lost_sentence(lost)
         return end, None
+
+
+def _requeue_after_node_failure(job_id: str) -> None:
+    """Back in the queue; Slurm may have done it already (NODE_FAIL requeues a requeue-able job),
+    and then refuses a second time."""
+    try:
+        slurm.requeue(job_id)
+    except slurm.SlurmError as exc:
+        print(f"gpu_lab job {job_id}: {exc} (Slurm requeues a job after a node failure itself)",
+              flush=True)
 
 
 def main(argv: list[str]) -> int:

@@ -7,6 +7,7 @@ needs nothing more. An error names the command, what it said, and what to check.
 from __future__ import annotations
 
 import shutil
+import socket
 import subprocess
 from dataclasses import dataclass
 from typing import Iterable
@@ -155,6 +156,31 @@ def lost_nodes(nodelist: str | None) -> dict[str, str]:
             out[node.strip()] = f"Slurm: {state.strip()}" + (
                 f", {reason.strip()}" if _none(reason.strip()) and reason.strip() != "none" else "")
     return out
+
+
+def slurmd_silent(node: str, timeout: float = 3.0) -> str | None:
+    """Why `node`'s slurmd takes no connection ("no answer at addr:port: ..."), or None when it
+    does or where it listens is unknown. Slurm marks a node down only after SlurmdTimeout (300 s
+    by default): a job that lost a node learns it sooner by knocking."""
+    line = _run(["scontrol", "show", "node", "-o", node], check=False).stdout
+    fields = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
+    addr, port = fields.get("NodeAddr"), fields.get("Port") or _config("SlurmdPort")
+    if not addr or not (port or "").isdigit():
+        return None
+    try:
+        socket.create_connection((addr, int(port)), timeout).close()
+    except OSError as exc:
+        return f"its slurmd does not answer at {addr}:{port} ({exc.strerror or exc})"
+    return None
+
+
+def _config(name: str) -> str | None:
+    """One value of `scontrol show config` ("SlurmdPort = 6818" lines)."""
+    for line in _run(["scontrol", "show", "config"], check=False).stdout.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == name:
+            return value.strip()
+    return None
 
 
 def signal(job_id: str, name: str) -> None:

@@ -11,6 +11,7 @@ import signal
 import time
 import traceback as tb
 
+from ..rank.outcome import STOP_EXIT_CODE  # stdlib only: no torch, no cycle at import
 from .explain import SUGGESTIONS, explain, noted
 from .kinds import CATEGORIES, COMM, DATA, NODE, OOM, SIGNAL, STORAGE, USER, RankFailure
 
@@ -95,7 +96,7 @@ def from_exitcode(rank: int, exitcode: int | None, pid: int | None = None,
         msg = (f"rank {rank} (pid {pid}) was killed by {name} before it could raise an exception")
         return RankFailure(rank=rank, type=name, message=msg, category=SIGNAL, exitcode=exitcode,
                            pid=pid, suggestions=list(SUGGESTIONS[SIGNAL]), t=t or time.time())
-    if exitcode == STOPPED_EXIT:
+    if exitcode == STOP_EXIT_CODE:
         # the rank's own stop handler ran: the launcher ending it after a peer failed, or a stop
         msg = f"rank {rank} (pid {pid}) ended on a stop signal (exit code {exitcode})"
         return RankFailure(rank=rank, type="Stopped", message=msg, category=SIGNAL,
@@ -129,7 +130,6 @@ def failures_of(errors) -> list[RankFailure]:
 
 #: a rank the launcher ended because another rank failed first: never the root cause
 _CLEANUP = ("SIGTERM", "SignalException", "Stopped")
-STOPPED_EXIT = 128 + signal.SIGTERM  # gpu_lab.rank.outcome.STOP_EXIT_CODE, read without torch
 
 
 class RunError:

@@ -21,12 +21,14 @@ Only public keys travel (the store is plaintext); each secret stays on its node.
 launch keeps a row of its own (its status, its logs, its rank files), whose `part_of` names
 node 0's run; its ranks' metrics, logs and checkpoints belong to node 0's run.
 
-One end (NodeEnds): a stop reaches node 0 only (its kernel's Run.stop()), and a rank that is not
-in fit() dies of it, so the other nodes' ranks see their peers vanish and would end `failed`.
-Node 0 says `end` = {status, reason} once it has decided its end, and holds the store until each
-node k says `done/k` (at most DONE_WAIT s). Node k watches for `end` while its ranks run: node 0
-stopped, it stops its own ranks the way Run.stop() does; and it decides its own end with node 0's
-in hand, so a stop on node 0 ends every node `stopped`, with node 0's reason.
+One end (NodeEnds): a stop reaches one node (its kernel's Run.stop(), its side panel's Stop), and
+a rank that is not in fit() dies of it, so the other nodes' ranks see their peers vanish and would
+end `failed`. Each node says `end/<node rank>` = {status, reason} once it has decided its end,
+and a thread on each watches the others' while its ranks run: another node stopped, it stops its
+own ranks the way Run.stop() does. A node that failed or stopped without a stop of its own waits
+for the others' ends (at most HEAD_WAIT s) and takes a stop among them as its end. So a stop on
+any node ends every node `stopped`, with that stop's reason. Node 0 hosts the store, so it holds
+it until every other node says `done/k` (at most DONE_WAIT s).
 """
 from __future__ import annotations
 
@@ -43,8 +45,8 @@ from typing import Any, Callable
 PREFIX = "gpu_lab/record/"
 JOIN_TIMEOUT = 900.0  # s a node waits for the others' word: torch's default rendezvous timeout
 DONE_WAIT = 15.0  # s node 0 holds the store for the other nodes to hear its end
-HEAD_WAIT = 30.0  # s node k waits for node 0's end before deciding its own failure alone
-STOP_ENDS = ("stopped", "pruned")  # node 0's ends that the other nodes take as theirs
+HEAD_WAIT = 30.0  # s a node waits for the others' ends before deciding its failure alone
+STOP_ENDS = ("stopped", "pruned")  # ends that the other nodes take as theirs
 
 
 def record_host(master_addr: str) -> str:
@@ -125,66 +127,86 @@ def join_record(master_addr: str, port: int, node_rank: int, run_id: str,
 
 
 class NodeEnds:
-    """One end for every node of a run (module docstring): `watch(folder)` on node k while its
-    ranks run, `settle(status, reason)` once a node has decided its end, on every node."""
+    """One end for every node of a run (module docstring): `watch(folder)` while this node's
+    ranks run, `settle(status, reason, asked)` once it has decided its end, and on node 0
+    `hold()` once that end is recorded."""
 
     def __init__(self, store: Any, num_nodes: int, node_rank: int) -> None:
         self.store, self.num_nodes, self.node_rank = store, num_nodes, node_rank
-        self.head: dict | None = None  # node 0's end, as node k heard it
-        self._heard = threading.Event()  # node 0's end heard, or the store gone
-        self._ranks_done = threading.Event()
+        self.others = [r for r in range(num_nodes) if r != node_rank]
+        self._settling = threading.Event()
+        self._watcher: threading.Thread | None = None
 
     def watch(self, folder: Any) -> None:
-        """Node k: a thread that stops this node's ranks when node 0 ends stopped."""
-        threading.Thread(target=self._watch, args=(folder,), name="gpu_lab-node-ends",
-                         daemon=True).start()
+        """A thread that stops this node's ranks when another node ends stopped."""
+        self._watcher = threading.Thread(target=self._watch, args=(folder,), daemon=True,
+                                         name="gpu_lab-node-ends")
+        self._watcher.start()
+
+    def _ends(self) -> dict[int, dict]:
+        """The other nodes' ends, those said so far."""
+        keys = {r: f"{PREFIX}end/{r}" for r in self.others}
+        return {r: json.loads(self.store.get(k)) for r, k in keys.items()
+                if self.store.check([k])}
 
     def _watch(self, folder: Any) -> None:
         try:
-            while not self.store.check([PREFIX + "end"]):
-                time.sleep(0.1)
-            self.head = json.loads(self.store.get(PREFIX + "end"))
-        except Exception:  # noqa: BLE001 - node 0's store is gone: nothing more will be said
+            while not self._settling.wait(0.1):
+                stop = _first_stop(self._ends())
+                if stop is not None:
+                    break
+            else:
+                return
+        except Exception:  # noqa: BLE001 - the store is gone: nothing more will be said
             return
-        finally:
-            self._heard.set()
-        if self.head.get("status") in STOP_ENDS and not self._ranks_done.is_set():
-            folder.request_stop(self.head.get("reason") or "stopped on node 0",
-                                self.head["status"])
-            print(f"gpu_lab supervisor: node 0 ended {self.head['status']} "
-                  f"({self.head.get('reason')}); stopping this node's ranks", flush=True)
-            os.killpg(0, signal.SIGTERM)  # as Run.stop(): the ranks checkpoint, the agent returns
+        node, said = stop
+        folder.request_stop(said.get("reason") or f"stopped on node {node}", said["status"])
+        print(f"gpu_lab supervisor: node {node} ended {said['status']} ({said.get('reason')}); "
+              "stopping this node's ranks", flush=True)
+        os.killpg(0, signal.SIGTERM)  # as Run.stop(): the ranks checkpoint, the agent returns
 
-    def settle(self, status: str, reason: str | None) -> tuple[str, str | None]:
-        """This node's end, told to (node 0) or squared with (node k) node 0's: (status, reason).
-        Node 0 says its end (then `hold()` after recording it); node k takes node 0's stop as
-        its own end, over a failure that was only its ranks losing their peers."""
-        self._ranks_done.set()
+    def settle(self, status: str, reason: str | None, asked: bool) -> tuple[str, str | None]:
+        """This node's end, said to the others and squared with theirs: (status, reason). A
+        node that failed or stopped without a stop of its own (`asked`) takes another node's
+        stop as its end: its ranks only lost their peers, or agreed to the others' stop."""
+        self._settling.set()
+        if self._watcher is not None:
+            self._watcher.join(1.0)  # the store's client is this thread's from here
         try:
-            if self.node_rank == 0:
-                self.store.set(PREFIX + "end", json.dumps({"status": status, "reason": reason}))
-                return status, reason
-            self._heard.wait(HEAD_WAIT)  # (the watcher's store client is then free)
-            head = self.head or {}
-            if head.get("status") in STOP_ENDS and status in ("failed", "stopped"):
-                status, reason = head["status"], head.get("reason") or "stopped on node 0"
-            self.store.set(f"{PREFIX}done/{self.node_rank}", "1")
+            self.store.set(f"{PREFIX}end/{self.node_rank}",
+                           json.dumps({"status": status, "reason": reason}))
+            if status in ("failed", "stopped") and not asked:
+                deadline = time.monotonic() + HEAD_WAIT
+                while len(ends := self._ends()) < len(self.others) and \
+                        time.monotonic() < deadline:
+                    time.sleep(0.05)
+                stop = _first_stop(ends)
+                if stop is not None:
+                    node, said = stop
+                    status, reason = said["status"], said.get("reason") or f"stopped on node {node}"
+            if self.node_rank > 0:
+                self.store.set(f"{PREFIX}done/{self.node_rank}", "1")
         except Exception:  # noqa: BLE001 - the other side is gone: this node's own word stands
             pass
         return status, reason
 
     def hold(self) -> None:
-        """Node 0, its end recorded: keep the store until every other node has heard it (at
-        most DONE_WAIT s; a stop's grace may end this process sooner, its end already kept)."""
+        """Node 0, its end recorded: keep the store (which it hosts) until every other node has
+        settled (at most DONE_WAIT s; a stop's grace may end this process sooner, its end kept)."""
         try:
             if self.node_rank == 0:
-                done = [f"{PREFIX}done/{k}" for k in range(1, self.num_nodes)]
+                done = [f"{PREFIX}done/{k}" for k in self.others]
                 deadline = time.monotonic() + DONE_WAIT
                 while not self.store.check(done) and time.monotonic() < deadline:
                     time.sleep(0.05)
         except Exception:  # noqa: BLE001 - a node gone: nothing more to wait for
             pass
         self.store = None  # node 0's server closes once the others heard its end
+
+
+def _first_stop(ends: dict[int, dict]) -> tuple[int, dict] | None:
+    """The first node (by rank) whose end is a stop, and what it said."""
+    return next(((r, e) for r, e in sorted(ends.items()) if e.get("status") in STOP_ENDS), None)
 
 
 def rendezvous_config(backend: str, node_rank: int) -> dict[str, Any]:

@@ -175,8 +175,7 @@ def supervise(spec: Spec) -> None:
             target, store = join_nodes(spec, recorder, where)
             if store is not None:  # the nodes' one end (multinode.NodeEnds)
                 nodes = NodeEnds(store, spec.num_nodes, spec.node_rank)
-                if spec.node_rank > 0:
-                    nodes.watch(folder)
+                nodes.watch(folder)
             _ranks_environment(spec, target, claim)
             print(f"gpu_lab supervisor pid={os.getpid()} run={spec.run_id} "
                   f"ranks={spec.num_processes} device={spec.device} port={spec.port} "
@@ -188,10 +187,11 @@ def supervise(spec: Spec) -> None:
         _ignore_stop_signals()  # the bookkeeping below must not be cut short
         end = decide_end(folder, error, in_launch)
         if nodes is not None:
-            status, reason = nodes.settle(end.status, end.reason)
-            if status != end.status:  # node 0 was stopped: this node's failure was its loss
-                end = End(status, STOP_EXIT_CODE, reason, f"node 0 ended {status}; this node's "
-                          f"ranks saw it as: {end.note[-2000:]}")
+            status, reason = nodes.settle(end.status, end.reason,
+                                          asked=folder.stop_reason() is not None)
+            if (status, reason) != (end.status, end.reason):  # another node's stop ended it
+                end = End(status, STOP_EXIT_CODE, reason, f"another node ended {status}; this "
+                          f"node's ranks saw it as: {end.note[-2000:]}")
         if end.status == "failed" and monitor is not None:
             monitor.stop()
             _record_child_failures(error, folder, monitor.deaths)
