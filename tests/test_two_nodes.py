@@ -170,6 +170,28 @@ def test_a_node_killed_mid_job_fails_naming_it_and_the_run_resumes(cluster):
     assert f"resuming from step {ckpt}" in again.logs(0, None)
 
 
+def test_losing_the_jobs_first_node_is_named_by_the_follower(cluster):
+    """The node that runs the job's supervisor is the one lost: nothing of the job can say how it
+    ended, so the follower reads Slurm's NODE_FAIL and names the node."""
+    import gpu_lab
+    from gpu_lab.failures.kinds import NODE
+
+    hosts, nodes, cl = cluster["hosts"], cluster["nodes"], cluster["slurm"]
+    run = gpu_lab.submit(gpu_lab.train_classifier,
+                         gpu_lab.TrainConfig(**_long(cluster["tmp"] / "out")), nodes=2,
+                         ranks_per_node=1, device="cpu", requeue=False, name="loses-node-0")
+    assert run.wait_for_step(3, rank=0, metric="loss", timeout=240), (run.status, run.reason)
+    cl.kill_node(nodes[0])
+    try:
+        assert run.wait(120) == "failed", (run.status, run.reason)
+        assert run.reason.startswith(f"Slurm: NODE_FAIL: lost node {nodes[0]} ("), run.reason
+        assert (run.error.first.rank, run.error.first.category) == (0, NODE), run.error
+        for node in nodes:
+            wait_until(lambda: not _left_on(hosts, node), 30, what=f"nothing left on {node}")
+    finally:
+        cl.start_node(nodes[0])
+
+
 def test_a_requeueable_job_that_loses_a_node_goes_back_in_the_queue_and_resumes(cluster):
     """requeue=True (submit's default): Slurm requeues a job after a node failure, so the run
     is `queued`, naming the node, not failed; it starts again once the node is back and resumes

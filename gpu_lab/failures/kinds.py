@@ -12,6 +12,9 @@ USER = "user code"
 SIGNAL = "killed by a signal"
 NODE = "node lost"  # a cluster node went down under the rank (Slurm: NODE_FAIL)
 CATEGORIES = (OOM, COMM, DATA, STORAGE, USER, SIGNAL, NODE)
+# a rank that checkpointed on a stop signal exits with this (128 + SIGTERM): a signal's end, never a
+# root cause; gpu_lab.rank.outcome gives it to the ranks
+STOP_EXIT_CODE = 143
 
 
 @dataclass

@@ -11,9 +11,9 @@ import signal
 import time
 import traceback as tb
 
-from ..rank.outcome import STOP_EXIT_CODE  # stdlib only: no torch, no cycle at import
 from .explain import SUGGESTIONS, explain, noted
-from .kinds import CATEGORIES, COMM, DATA, NODE, OOM, SIGNAL, STORAGE, USER, RankFailure
+from .kinds import (CATEGORIES, COMM, DATA, NODE, OOM, SIGNAL, STOP_EXIT_CODE, STORAGE, USER,
+                    RankFailure)
 
 _PATTERNS = (
     (OOM, ("OutOfMemoryError", "out of memory", "CUDA error: out of memory", "MemoryError",

@@ -27,11 +27,12 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from ..failures.kinds import STOP_EXIT_CODE  # 128 + SIGTERM: its home is the failure model's
+
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2          # headless: bad arguments, nothing started
 EXIT_INTERRUPTED = 130  # 128 + SIGINT: a KeyboardInterrupt
-STOP_EXIT_CODE = 143    # 128 + SIGTERM
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
 INTERRUPT_SIGNAL = signal.SIGINT
