@@ -23,7 +23,8 @@ from gpu_lab.record.registry import Registry
 
 from lab_utils import jupyter_lab
 from proc_utils import wait_until
-from test_browser import _page, _series_points, _shot, browser, open_run_view  # noqa: F401
+from test_browser import (_page, _series_points, _shot, browser,  # noqa: F401
+                          open_run_view, page_errors)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(600)]
 
@@ -320,6 +321,6 @@ def test_the_run_view_shows_the_job_line_and_each_nodes_curves(cluster, browser,
                        120, what="both nodes' loss curves", hint=lambda: _series_points(
                            view, "loss"))
             _shot(page, "two-nodes-run-view")
-            assert not [c for c in console if c.startswith("pageerror")], console
+            assert not page_errors(console), console
     finally:
         assert run.stop() == "stopped", (run.status, run.reason)

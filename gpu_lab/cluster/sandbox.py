@@ -43,13 +43,13 @@ class PrivateSlurm:
     def __init__(self, folder: str | os.PathLike, cpus: int = 2, *,
                  controller_addr: str = "127.0.0.1", node_addr: str = "127.0.0.1",
                  node_prefix: tuple[str, ...] = (), hosts: "Hosts | None" = None,
-                 slurmd_timeout: int = 10) -> None:
+                 slurmd_timeout: int | None = None) -> None:
         """controller_addr, node_addr: where slurmctld and slurmd are reached; node_prefix: a
         command that slurmd starts under, e.g. ("nsenter", "--net=/run/netns/ns") to put the
         node, and so its jobs, in a network namespace of its own: another host on the network.
         hosts: one node on each of these Hosts (made by the caller), the controller on their
         bridge. slurmd_timeout: seconds without an answer before a node is DOWN (its jobs
-        NODE_FAIL)."""
+        NODE_FAIL; None: Slurm's 300)."""
         self.folder = Path(folder)
         self.cpus = int(cpus)
         self.hosts = hosts
@@ -57,7 +57,7 @@ class PrivateSlurm:
             controller_addr = hosts.bridge_addr
         self.controller_addr, self.node_addr = controller_addr, node_addr
         self.node_prefix = tuple(node_prefix)
-        self.slurmd_timeout = int(slurmd_timeout)
+        self.slurmd_timeout = slurmd_timeout
         self.env: dict = {}
         self._old_conf: str | None = None
         # Unix sockets (munge's, slurmstepd's in the spool) must fit in 108 bytes: a deep folder
@@ -134,6 +134,8 @@ class PrivateSlurm:
         else:  # each slurmd finds its NodeName by its host name, in its own UTS namespace
             nodes = "\n".join(f"NodeName={h.name} NodeAddr={h.addr} CPUs={self.cpus} "
                               "RealMemory=1000 State=UNKNOWN" for h in self.hosts.hosts)
+        if self.slurmd_timeout is not None:
+            nodes = f"SlurmdTimeout={int(self.slurmd_timeout)}\n{nodes}"
         return f"""\
 ClusterName=gpulabsandbox
 SlurmctldHost={host}({self.controller_addr})
@@ -149,7 +151,6 @@ SlurmctldPidFile={d / 'slurmctld.pid'}
 SlurmdPidFile={d / 'slurmd-%n.pid'}
 SlurmctldLogFile={d / 'slurmctld.log'}
 SlurmdLogFile={d / 'slurmd-%n.log'}
-SlurmdTimeout={self.slurmd_timeout}
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
