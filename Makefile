@@ -78,7 +78,7 @@ check: install lint
 # eslint.config.mjs, .prettierrc.json; `npm run format` fixes the formatting): part of check and of
 # test (so of CI)
 lint: install
-	$(VENV)/bin/ruff check gpu_lab tests bench notebooks/refresh.py conftest.py
+	$(VENV)/bin/ruff check gpu_lab tests bench notebooks/refresh.py notebooks/conftest.py conftest.py
 	@[ -x extension/node_modules/.bin/eslint ] || (cd extension && npm install --no-audit --no-fund)
 	cd extension && npm run --silent lint
 

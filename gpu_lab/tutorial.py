@@ -7,12 +7,21 @@ the two articles the tutorials follow (named in notebooks/00_overview) and needs
 A verdict is computed, never typed: each verdict function takes the measurement, the claim and the
 threshold, and returns a `Verdict` whose text names the threshold and why it is that. A claim that
 no measurement here can decide gets a verdict that says so: `arithmetic` (a formula, not a
-measurement), `needs_gpu` (full mode measures it) or `not_attempted` (with the reason).
+measurement), `needs_gpu` (full mode measures it), `not_attempted` (with the reason), or, for a
+measurement that needs more devices than the host has, the verdict of `needs_devices(n, what)`,
+which names how many it needs and how many the host has (and so does the measured verdict).
+
+Sizes follow the machine (gpu_lab.machine): `ranks()`, `loader_workers()`, `sweep_parallel()`,
+`precision()`; `full_mode(work)` states how long a notebook's full mode takes on one GPU and on
+eight. With GPU_LAB_VERDICTS set to a file, every claim table appends its rows to it (JSON lines):
+two machines' verdicts, or two shapes of one, side by side.
 """
 from __future__ import annotations
 
 import atexit
 import html
+import json
+import os
 import shutil
 import sys
 import tempfile
@@ -20,8 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from .estimate import Work, full_mode  # noqa: F401 - the notebooks' names for them
+from .machine import loader_workers, precision, shape, sweep_parallel  # noqa: F401
 from .quickmode import env_flag as _env_flag
-from .quickmode import describe as mode_line  # noqa: F401 - the notebooks' names for them
+from .quickmode import describe as mode_line  # noqa: F401
 from .quickmode import mode, quick  # noqa: F401
 
 
@@ -72,11 +83,17 @@ def expected_group(ranks: int) -> dict:
 
 
 def ranks() -> int:
-    """How many ranks gpu_lab.launch() starts here when not told: one per GPU, else 2 on CPU."""
-    from .launch.launcher import default_ranks
-    from .telemetry.probe import gpu_count
+    """How many ranks gpu_lab.launch() starts here when not told: one per GPU, else 2 on CPU
+    (1 on a host with one CPU slot, the stand-in for a one-GPU server)."""
+    from .machine import default_ranks
 
-    return default_ranks(gpu_count())
+    return default_ranks()
+
+
+def machine_line() -> str:
+    """'this machine: 1 GPU (NVIDIA H100 80GB HBM3), 16 CPU cores' or 'this machine: no GPU; 2 CPU
+    slots on 2 cores ...': what a notebook's sizes follow."""
+    return f"this machine: {shape().describe()}"
 
 
 def workdir(tag: str) -> Path:
@@ -111,11 +128,24 @@ class Claim:
 
 
 class ClaimTable:
-    """Renders claims and measurements side by side (HTML in a notebook, text elsewhere)."""
+    """Renders claims and measurements side by side (HTML in a notebook, text elsewhere); with
+    GPU_LAB_VERDICTS set, appends each row to that file as a JSON line."""
 
     def __init__(self, rows: Iterable[Claim | tuple | dict]) -> None:
         self.rows = [r if isinstance(r, Claim) else Claim(**r) if isinstance(r, dict) else Claim(*r)
                      for r in rows]
+        path = os.environ.get(VERDICTS_VARIABLE, "").strip()
+        if path:
+            self.record(path)
+
+    def record(self, path: str) -> None:
+        """Append the rows to `path`, a JSON line each: what, the verdict's label and reason, and
+        for a multi-device row the devices it needs and the host has."""
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "a") as f:
+            for r in self.rows:
+                v = r.verdict if isinstance(r.verdict, Verdict) else Verdict(str(r.verdict))
+                f.write(json.dumps({"what": r.what, "claimed": r.claimed, "label": v.label,
+                                    "reason": v.reason, "need": v.need, "have": v.have}) + "\n")
 
     def __str__(self) -> str:
         cols = ("what", "claimed", "measured", "verdict", "source")
@@ -179,15 +209,20 @@ def check_output(captured: Any, expected: str) -> None:
 
 HOLDS, FAILS, EXCEEDS = "holds", "does not hold here", "exceeds the claim"
 ARITHMETIC, NEEDS_GPU, NOT_ATTEMPTED = "arithmetic, not measured", "needs a GPU", "not attempted"
+NEEDS_DEVICES = "needs more devices"
+VERDICTS_VARIABLE = "GPU_LAB_VERDICTS"
 
 
 @dataclass(frozen=True)
 class Verdict:
     """The outcome of one claim: `label` (HOLDS, FAILS, ...) and `reason`, which names the
-    threshold and why it is that, or why nothing was measured."""
+    threshold and why it is that, or why nothing was measured. A row that needs several devices
+    carries `need` (how many) and `have` (how many this host has)."""
 
     label: str
     reason: str = ""
+    need: int | None = None
+    have: int | None = None
 
     @property
     def holds(self) -> bool:
@@ -195,7 +230,7 @@ class Verdict:
 
     @property
     def measured(self) -> bool:
-        return self.label not in (ARITHMETIC, NEEDS_GPU, NOT_ATTEMPTED)
+        return self.label not in (ARITHMETIC, NEEDS_GPU, NOT_ATTEMPTED, NEEDS_DEVICES)
 
     def __str__(self) -> str:
         return f"{self.label} ({self.reason})" if self.reason else self.label
@@ -316,3 +351,52 @@ def needs_gpu(why: str, where: str = "full mode measures it") -> Verdict:
 def not_attempted(why: str) -> Verdict:
     """A claim this machine cannot measure (missing weights, no server), with the reason."""
     return Verdict(NOT_ATTEMPTED, why)
+
+
+@dataclass(frozen=True)
+class Devices:
+    """A measurement that needs `need` devices (GPUs, or CPU slots on a host without one), and
+    whether this host has them: true when it does. `needs_devices(2, "scaling efficiency")`."""
+
+    need: int
+    have: int
+    unit: str
+    what: str
+
+    def __bool__(self) -> bool:
+        return self.have >= self.need
+
+    def _count(self, n: int) -> str:
+        return f"{n} {self.unit}{'' if n == 1 else 's'}"
+
+    @property
+    def words(self) -> str:
+        """'needs 2 GPUs; this host has 1'."""
+        return f"needs {self._count(self.need)}; this host has {self.have}"
+
+    def __str__(self) -> str:
+        """The line a notebook prints where it skips the measurement, or runs it."""
+        if self:
+            return f"{self.what}: measured on this host's {self._count(self.have)} (it {self.words})"
+        return (f"{self.what}: not measured here; it {self.words}. On a host with "
+                f"{self.need} or more, this cell measures it")
+
+    def verdict(self, measured: Verdict | None = None) -> Verdict:
+        """The row's verdict: `measured` (required where the host has the devices), its reason
+        naming the devices; else NEEDS_DEVICES, saying how many it needs and the host has."""
+        if not self:
+            return Verdict(NEEDS_DEVICES, f"{self.words}: {self.what}", self.need, self.have)
+        if measured is None:
+            raise ValueError(f"{self.what}: this host has the {self._count(self.need)} it needs; "
+                             "pass the measured verdict")
+        return Verdict(measured.label, f"{measured.reason} (on {self._count(self.have)}; it "
+                       f"{self.words})", self.need, self.have)
+
+
+def needs_devices(need: int, what: str) -> Devices:
+    """Whether this host has the `need` devices a measurement takes (true if so), and the words
+    and verdict for either case (see Devices)."""
+    if need < 1:
+        raise ValueError(f"need: got {need}; accepted: a whole number ≥ 1")
+    here = shape()
+    return Devices(need, here.devices, here.unit, what)

@@ -18,7 +18,8 @@ NOTEBOOKS = sorted(p.stem for p in (ROOT / "notebooks").glob("*.ipynb"))
 VERDICT_NOTEBOOKS = [n for n in NOTEBOOKS
                      if "Claim(" in (ROOT / "notebooks" / f"{n}.ipynb").read_text()]
 VERDICT_FUNCTIONS = {"ratio_verdict", "at_least", "at_most", "gain", "follows", "equivalent",
-                     "arithmetic", "needs_gpu", "not_attempted"}
+                     "arithmetic", "needs_gpu", "not_attempted",
+                     "verdict"}  # Devices.verdict(): a row that needs more devices than the host has
 
 
 # ---------------------------------------------------------------- each cell's verdict function

@@ -49,7 +49,8 @@ def launch(fn: Callable | str, *args: Any, num_processes: int | None = None,
     config: the run's TrainConfig; by default the first TrainConfig among `args`, so
       `launch(train_classifier, cfg)` is enough. The run gets a checkpoint folder of its own,
       `<cfg.output_dir>/<run id>`, which the ranks see as cfg.output_dir.
-    num_processes=None: the config's, else every GPU NVML reports, or 2 CPU processes (gloo).
+    num_processes=None: the config's, else every GPU NVML reports, or 2 CPU processes (gloo; 1
+      on a host with one CPU slot).
     mixed_precision: "no" | "fp16" | "bf16" (default: the config's, else "no").
     detach: False (default) stops the run, with a checkpoint, when the launching kernel or script
       exits; True lets the run outlive it (`gpu_lab.attach(run_id)` from anywhere follows it).
@@ -120,8 +121,11 @@ def _config_of(config: TrainConfig | dict | None, args: tuple) -> TrainConfig | 
 
 
 def default_ranks(gpus: int) -> int:
-    """The ranks a launch starts when it is not told: one per GPU, else 2 CPU processes."""
-    return gpus if gpus > 0 else 2
+    """The ranks a launch starts when it is not told: one per GPU, else up to 2 CPU processes
+    (gpu_lab.machine: never more than the host's CPU slots)."""
+    from ..machine import default_ranks as ranks
+
+    return ranks(gpus)
 
 
 def _prepare_host(spec: Spec, gpus: int) -> None:
@@ -130,8 +134,9 @@ def _prepare_host(spec: Spec, gpus: int) -> None:
     if spec.num_processes is None:
         spec.num_processes = default_ranks(gpus)
         if gpus == 0:
-            print("gpu_lab.launch: NVML reports no GPU; launching 2 CPU processes (gloo).",
-                  flush=True)
+            n = spec.num_processes
+            print(f"gpu_lab.launch: NVML reports no GPU; launching {n} CPU process"
+                  f"{'es (gloo)' if n > 1 else ''}.", flush=True)
     master_addr = spec.master_addr
     if spec.port is None:
         spec.port_chosen = True
@@ -241,7 +246,7 @@ def _check_devices(spec: Spec) -> None:
             if spec.gpus is not None:
                 raise ValueError(f"launch: gpus={spec.gpus!r} but NVML shows no GPU on this host; "
                                  "leave gpus unset (a CPU run takes one CPU slot per rank)")
-            n = spec.num_processes or 2
+            n = spec.num_processes or default_ranks(0)
             if n > len(res.devices):
                 raise ValueError(f"launch: num_processes={n} needs {n} CPU slots; this host has "
                                  f"{len(res.devices)} (the cores this process may use). Use at "
@@ -251,9 +256,11 @@ def _check_devices(spec: Spec) -> None:
             want = res.parse(spec.gpus)
             if spec.num_processes is None:
                 spec.num_processes = want.count
-            elif spec.num_processes != want.count:
+            elif spec.num_processes != want.count and spec.num_processes != 1:
                 raise ValueError(f"launch: num_processes={spec.num_processes} but gpus="
-                                 f"{spec.gpus!r} gives {want.count} GPU(s); one rank per GPU")
+                                 f"{spec.gpus!r} gives {want.count} GPU(s); one rank per GPU, "
+                                 "or num_processes=1 for one process that drives them all "
+                                 "(torch.nn.DataParallel, a model split across GPUs)")
     finally:
         res.close()
 

@@ -18,6 +18,9 @@
   gpu_lab.rank.lightning_logger) and continues from the checkpoint run.resume() chose.
 - **A rank is not interactive.** A fork of IPython inherits `sys.ps1`, and Lightning then refuses
   `strategy="ddp"`: it is removed.
+- **Tensors follow the model, on request.** With GPU_LAB_STRICT_DEVICE=1 a CPU rank refuses an
+  operation that mixes a tensor on the accelerator's device with one left on the CPU, as a GPU
+  would (gpu_lab.rank.devicecheck).
 - **Ranks do not start ranks.** `torch.multiprocessing.spawn` / `start_processes` (Lightning's
   `ddp_spawn`, `ddp_notebook`) and accelerate's `notebook_launcher` raise with advice: gpu_lab
   has started the ranks already, and N more in each would fight over the same devices.
@@ -63,6 +66,9 @@ def prepare() -> None:
 
     if device_kind() == "cpu":  # the launch's word, else NVML's (a Slurm job's CPU ranks)
         os.environ.setdefault(CPU_SWITCH, "true")
+    from .devicecheck import install
+
+    install()  # GPU_LAB_STRICT_DEVICE=1: a CPU rank refuses what a GPU would (devicecheck.py)
     if os.environ.get(ev.ENV_ADDRESS):  # a rank of a run gpu_lab records
         for module, hook in FRAMEWORKS.items():
             when_imported(module, hook)

@@ -1,0 +1,199 @@
+"""Tensors follow the model: a CPU rank that refuses what a GPU would refuse.
+
+On a GPU, `model(torch.randn(256, 4))` after `acc.prepare(model)` fails ("Expected all tensors to
+be on the same device"): the input stayed on the CPU, the model went to `acc.device`. On a host
+without a GPU both live on the CPU, nothing fails, and the mistake waits for the GPU server. With
+GPU_LAB_STRICT_DEVICE=1 in a rank's environment (`launch(..., env={"GPU_LAB_STRICT_DEVICE":
+"1"})`; the tutorials' tests set it for every rank), a CPU rank treats its device as a device of
+its own, as CUDA would:
+
+- on the device: what `.to(device)` moves (a model's parameters and buffers through
+  `model.to(...)` or `acc.prepare`, a prepared loader's batches), what is made with `device=`,
+  a marked parameter's `.grad`, and every result of an operation that read such a tensor;
+- off it: everything else, and what `.cpu()` returns;
+- an operation that mixes the two raises DeviceMismatch, naming the operation and both tensors.
+  As on CUDA, a 0-dimensional CPU tensor may meet a device tensor, indexing may use CPU indices,
+  and `copy_` / `__setitem__` may copy across.
+
+A check of the code, not of the numbers: the training computes as it would without it, more
+slowly (every torch call passes through Python). On a GPU, CUDA makes the check itself and this is
+not installed.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+VARIABLE = "GPU_LAB_STRICT_DEVICE"
+_MARK = "_gpu_lab_on_device"
+# what CUDA lets cross devices: indexing with CPU indices, copies, swapping a parameter's data,
+# and the checks torch makes before such a swap
+CROSSING = frozenset({"__getitem__", "__setitem__", "copy_", "index_put_", "index_put", "__set__",
+                      "set_", "_has_compatible_shallow_copy_type", "is_same_size", "is_set_to",
+                      "__deepcopy__", "__reduce_ex__", "__repr__", "__format__"})
+
+
+class DeviceMismatch(RuntimeError):
+    """An operation mixed a tensor on the rank's device with one left on the CPU."""
+
+
+def wanted() -> bool:
+    return os.environ.get(VARIABLE, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def on_device(t: Any) -> bool:
+    """Whether the check counts `t` as living on the rank's device."""
+    return bool(getattr(t, _MARK, False))
+
+
+def _mark(out: Any) -> Any:
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        try:
+            setattr(out, _MARK, True)
+        except (AttributeError, RuntimeError):  # a tensor type without a __dict__
+            pass
+    elif isinstance(out, (list, tuple)):
+        for o in out:
+            _mark(o)
+    return out
+
+
+def _tensors(args: tuple, kwargs: dict) -> list:
+    """The tensors among the arguments, one level into lists and tuples (torch.cat, _foreach_*)."""
+    import torch
+
+    found = []
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            found.append(a)
+        elif isinstance(a, (list, tuple)):
+            found.extend(x for x in a if isinstance(x, torch.Tensor))
+    return found
+
+
+def _describe(t: Any) -> str:
+    return f"{'device' if on_device(t) else 'CPU'} tensor of shape {tuple(t.shape)}"
+
+
+def _accelerate_device() -> Any:
+    """The device object accelerate's shared state holds (what `acc.device` returns), if any."""
+    import sys
+
+    state = sys.modules.get("accelerate.state")
+    shared = getattr(getattr(state, "PartialState", None), "_shared_state", None) or {}
+    return shared.get("device")
+
+
+def _names_the_device(d: Any) -> bool:
+    """Whether `d`, a device argument, names the rank's device: a GPU by name or index, or one
+    of the device objects that stand for it here (accelerate's, or a device tensor's .device).
+    On a CPU `x.device` of a CPU tensor equals the rank's device: only identity tells them apart."""
+    import torch
+
+    if d is None:
+        return False
+    if d is _DEVICE or d is _accelerate_device():
+        return True
+    if isinstance(d, bool):
+        return False
+    if isinstance(d, int):
+        return True
+    if isinstance(d, str):
+        return not d.startswith(("cpu", "meta"))
+    if isinstance(d, torch.device):
+        return d.type not in ("cpu", "meta")
+    return False
+
+
+def _target(func: Any, args: tuple, kwargs: dict) -> bool | None:
+    """Where a .to(...) call sends its tensor: True the device, False off it, None where it names
+    only a dtype or a memory format (the tensor stays where it is)."""
+    import torch
+
+    if "device" in kwargs and kwargs["device"] is not None:
+        return _names_the_device(kwargs["device"])
+    for a in args[1:]:
+        if isinstance(a, torch.Tensor):  # t.to(other): other's device
+            return on_device(a)
+        if isinstance(a, (torch.device, str)) or (isinstance(a, int) and not isinstance(a, bool)):
+            return _names_the_device(a)
+    return None
+
+
+def mode() -> Any:
+    """The TorchFunctionMode that keeps the books (enter it in the rank's main thread)."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    T = torch.Tensor
+    leaving = {T.cpu, T.numpy, T.tolist, T.item}
+
+    class StrictDevice(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
+            if func in leaving:
+                return out
+            name = getattr(func, "__name__", "")
+            ins = _tensors(args, kwargs)
+            marked = [t for t in ins if on_device(t)]
+            if func is T.to:
+                target = _target(func, args, kwargs)
+                return _mark(out) if target or (target is None and marked) else out
+            if func is T.cuda:
+                return _mark(out)
+            if name in ("_parse_to", "device") and not ins:  # Module.to(d), torch.device(d)
+                said = [*args, kwargs.get("device")]
+                if any(a is not None and (a is _DEVICE or a is _accelerate_device())
+                       for a in said):
+                    return (_DEVICE, *out[1:]) if isinstance(out, tuple) else _DEVICE
+                return out
+            if name == "__get__":  # a property: .device of a device tensor names the device
+                if not marked:
+                    return out
+                return _DEVICE if isinstance(out, torch.device) else _mark(out)
+            if name not in CROSSING:
+                plain = [t for t in ins if not on_device(t) and t.dim() > 0]
+                if marked and plain:
+                    raise DeviceMismatch(
+                        f"{name or func}: a {_describe(marked[0])} met a {_describe(plain[0])}. "
+                        "On a GPU this fails with \"Expected all tensors to be on the same "
+                        "device\": put the CPU tensor where the model is, with "
+                        ".to(accelerator.device) or device=accelerator.device when you make it (a "
+                        "prepared DataLoader's batches are moved for you). "
+                        f"{VARIABLE}=1 made this CPU rank check it")
+            elif ins and not on_device(ins[0]):
+                return out  # indexing or copying into a CPU tensor leaves it there
+            if marked or _names_the_device(kwargs.get("device")):
+                _mark(out)
+            return out
+
+    return StrictDevice()
+
+
+_ACTIVE: list = []
+_DEVICE: Any = None  # the object a device tensor's .device returns: the device, by identity
+
+
+def install() -> bool:
+    """Enter the mode for the rest of this process's main thread, where GPU_LAB_STRICT_DEVICE
+    asks for it and the rank has no GPU; True when installed."""
+    if not wanted() or _ACTIVE:
+        return bool(_ACTIVE)
+    from .accelerator import device_kind
+
+    if device_kind() != "cpu":  # CUDA checks devices itself
+        return False
+    global _DEVICE
+    import torch
+
+    _DEVICE = torch.device("cpu")
+    m = mode()
+    m.__enter__()
+    _ACTIVE.append(m)
+    return True
+
+
+__all__ = ["DeviceMismatch", "VARIABLE", "install", "mode", "on_device", "wanted"]
