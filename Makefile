@@ -5,6 +5,7 @@
 # and two for the GPU machine (see bench/gpu_check.py):
 #   make gpu-wheels   download what its image lacks into .whl/ (CPython 3.12, manylinux x86_64)
 #   make gpu-check    on the GPU machine: install .whl/ and run the prepared GPU check
+#   make gpu-notebooks on the GPU machine: the tutorials' smoke lane (quick mode on the GPU)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -14,7 +15,8 @@ STAMP := $(VENV)/.stamp-install
 LAB_PORT ?= 8888
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
-.PHONY: lab check lint test install chromium slurm prometheus hub-proxy clean bench gpu-wheels gpu-check
+.PHONY: lab check lint test install chromium slurm prometheus hub-proxy clean bench gpu-wheels gpu-check \
+	gpu-notebooks
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -109,6 +111,11 @@ gpu-wheels: $(GPU_WHEELS)
 # On the GPU machine (its python3 holds torch; no .venv, no network): see bench/gpu_check.py.
 gpu-check:
 	PYTHONUNBUFFERED=1 python3 bench/gpu_check.py --wheels .whl --out "$${OUT:-gpu_check_out}"
+
+# The tutorials on the GPU, in quick mode, one GPU then every GPU (bench/gpu_notebook_steps.py)
+gpu-notebooks:
+	PYTHONUNBUFFERED=1 python3 bench/gpu_check.py --lane notebooks --budget 240 --wheels .whl \
+	  --out "$${OUT:-gpu_check_out}"
 
 bench: install
 	for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

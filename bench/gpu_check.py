@@ -16,7 +16,15 @@ keeps what it finished. The machine is lent for 15 minutes of device time, its s
 to rerun steps that failed, after a fix, add `--only <steps> --budget 150` (e.g. `--only
 loader,telemetry`) to the same command, with timeout_s 210.
 
-`make gpu-check` runs the same command (OUT defaults to gpu_check_out/).
+`make gpu-check` runs the same command (OUT defaults to gpu_check_out/). On a GPU, the check also
+leaves gpu_check.json in GPU_LAB_HOME (default ~/.gpu_lab), where the tutorials' full-mode time
+estimates read this machine's measured ResNet-50 throughput (gpu_lab/estimate.py).
+
+The smoke lane of the tutorials (bench/gpu_notebook_steps.py) is the same runner with other steps:
+
+    command:   PYTHONUNBUFFERED=1 python3 bench/gpu_check.py --lane notebooks --budget 240 \
+               --wheels .whl --out "$OUT"        (make gpu-notebooks; gpu_notebooks.json/.txt/.log)
+    timeout_s: 300
 
     python bench/gpu_check.py --dry-run      # on a CPU: imports everything, lists the steps,
                                              # checks .whl/ against bench/gpu_wheels.txt and runs
@@ -207,9 +215,12 @@ def _reap() -> None:
 
 # ----------------------------------------------------------------------------------- the steps
 
+LANES = {"check": None, "notebooks": str(BENCH / "gpu_notebook_steps.py")}
+
+
 def load_steps(path: str | None) -> list:
-    """The steps: gpu_check_steps.STEPS, or STEPS of another file (`--steps-file`, for tests of
-    this runner)."""
+    """The steps: gpu_check_steps.STEPS, or STEPS of another file (a lane's, or `--steps-file`
+    for tests of this runner)."""
     if path is None:
         import gpu_check_steps
 
@@ -255,10 +266,11 @@ class Runner:
     def __init__(self, args: argparse.Namespace, steps: list, out: Path, work: Path,
                  env: dict[str, str]) -> None:
         self.args, self.steps, self.out, self.work, self.env = args, steps, out, work, env
-        self.log = out / "gpu_check.log"
+        self.stem = stem(args)
+        self.log = out / f"{self.stem}.log"
         self.t0 = time.monotonic()
         self.report: dict = {
-            "schema": 1, "mode": "dry-run" if args.dry_run else "gpu",
+            "schema": 1, "mode": "dry-run" if args.dry_run else "gpu", "lane": args.lane,
             "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "host": {"hostname": platform.node(), "python": platform.python_version(),
                      "cpus": os.cpu_count()},
@@ -266,9 +278,9 @@ class Runner:
 
     def save(self) -> None:
         self.report["elapsed_s"] = round(time.monotonic() - self.t0, 1)
-        tmp = self.out / "gpu_check.json.tmp"
+        tmp = self.out / f"{self.stem}.json.tmp"
         tmp.write_text(json.dumps(self.report, indent=1, default=str))
-        tmp.replace(self.out / "gpu_check.json")
+        tmp.replace(self.out / f"{self.stem}.json")
 
     def one(self, step) -> dict:
         left = self.args.budget - (time.monotonic() - self.t0)
@@ -298,6 +310,8 @@ class Runner:
                 cmd.append("--dry-run")
             if self.args.steps_file:
                 cmd += ["--steps-file", self.args.steps_file]
+            elif self.args.lane != "check":
+                cmd += ["--lane", self.args.lane]
             print(f"[{time.monotonic() - self.t0:6.1f} s] {step.name} ...", flush=True)
             t0 = time.monotonic()
             proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -341,10 +355,30 @@ class Runner:
         return self.report
 
 
+def stem(args: argparse.Namespace) -> str:
+    """The report's file names: gpu_check.*, or gpu_<lane>.* for another lane."""
+    return "gpu_check" if args.lane == "check" else f"gpu_{args.lane}"
+
+
+def keep_for_estimates(report: dict, home: str | None) -> Path | None:
+    """On a GPU, a check that measured ResNet-50's throughput leaves its report where the
+    tutorials' full-mode estimates look (GPU_LAB_HOME, default ~/.gpu_lab)."""
+    train = next((s for s in report["steps"] if s["name"] == "gpu_train"), None)
+    if report["mode"] != "gpu" or not train or train["status"] != "pass":
+        return None
+    folder = Path(home or Path.home() / ".gpu_lab")
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = folder / "gpu_check.json"
+    path.write_text(json.dumps(report, indent=1, default=str))
+    path.chmod(0o600)
+    return path
+
+
 def summary_text(report: dict) -> str:
     gpu = next((s["results"].get("gpu") for s in report["steps"] if s["name"] == "environment"),
                None)
-    lines = [f"gpu_lab GPU check ({report['mode']}) on {report['host']['hostname']}"
+    what = "GPU check" if report.get("lane", "check") == "check" else f"{report['lane']} lane"
+    lines = [f"gpu_lab {what} ({report['mode']}) on {report['host']['hostname']}"
              + (f", {gpu}" if gpu else "") + f", {report['started']}: {report['elapsed_s']:.0f} s "
              f"of a {report['budget_s']} s budget"]
     if report.get("wheels"):
@@ -378,6 +412,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=int, default=None,
                     help=f"seconds for all steps (default {DEFAULT_BUDGET} on the GPU, 900 dry)")
     ap.add_argument("--only", default="", help="comma list of steps to run (the rest: not run)")
+    ap.add_argument("--lane", choices=sorted(LANES), default="check",
+                    help="check: the GPU check (default); notebooks: the tutorials' smoke lane")
     ap.add_argument("--list", action="store_true", help="list the steps and exit")
     ap.add_argument("--check-wheels", metavar="DIR", help="only check a wheels folder and exit")
     ap.add_argument("--step", help=argparse.SUPPRESS)      # internal: one step, in its process
@@ -386,6 +422,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps-file", help=argparse.SUPPRESS)  # tests: other steps, same runner
     args = ap.parse_args(argv)
 
+    if args.lane != "check" and not args.steps_file:
+        args.steps_file = LANES[args.lane]
+        if args.dry_run:
+            os.environ["GPU_LAB_LANE_DRY"] = "1"  # the lane lists every shape on a CPU
     if args.step:
         return run_step(args)
     if args.check_wheels:
@@ -418,7 +458,8 @@ def main(argv: list[str] | None = None) -> int:
 
     out = Path(args.out or os.environ.get("OUT") or "gpu_check_out")
     out.mkdir(parents=True, exist_ok=True)
-    (out / "gpu_check.log").write_text("")
+    (out / f"{stem(args)}.log").write_text("")
+    user_home = os.environ.get("GPU_LAB_HOME")
     work = Path(tempfile.mkdtemp(prefix="gpu_check_"))
     env = dict(os.environ, PYTHONUNBUFFERED="1", GPU_LAB_HOME=str(work / "gpu_lab_home"),
                MPLBACKEND="Agg")
@@ -443,8 +484,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     text = summary_text(report)
-    (out / "gpu_check.txt").write_text(text + "\n")
+    (out / f"{stem(args)}.txt").write_text(text + "\n")
     print(text)
+    kept = keep_for_estimates(report, user_home)
+    if kept:
+        print(f"the measured throughput is kept for the tutorials' estimates: {kept}")
     install_ok = wheels.get("install", {}).get("ok", True)
     return 0 if not report["failed"] and wheels["ok"] and install_ok else 1
 

@@ -176,3 +176,52 @@ def test_the_wheel_list_covers_what_the_gpu_image_lacks():
                  "jupyter-core", "anywidget"):
         assert name in want, name
     assert "torch" not in want and "torchvision" not in want  # the image has them
+
+
+# --------------------------------------------------------------- the tutorials' GPU smoke lane
+
+import gpu_notebook_steps  # noqa: E402
+
+
+@pytest.mark.timeout(600)
+def test_notebook_lane_dry_run_passes(tmp_path):
+    """`make gpu-notebooks`'s dry run: every tutorial's packages lie in the GPU image or travel
+    as wheels, and one tutorial runs through the lane's own path (nbclient, quick mode, its
+    claim tables recorded) on this CPU."""
+    out = _run("--lane", "notebooks", "--dry-run", "--out", str(tmp_path), timeout=560)
+    assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
+    report = json.loads((tmp_path / "gpu_notebooks.json").read_text())
+    assert (report["lane"], report["mode"]) == ("notebooks", "dry-run")
+    assert [s["name"] for s in report["steps"]] == ["packages", "01_environment_setup.one"]
+    assert all(s["status"] == "pass" for s in report["steps"]), report["steps"]
+    ran = report["steps"][1]["results"]
+    assert ran["cells_run"] == ran["code_cells"] > 0 and ran["error"] is None
+    assert "result: 2 passed, failed: none" in (tmp_path / "gpu_notebooks.txt").read_text()
+    assert not (tmp_path / "gpu_check.json").exists()  # the lanes keep their own reports
+
+
+@pytest.mark.parametrize("gpus, shapes", [(1, {"one": 15}), (8, {"one": 15, "all": 14})])
+def test_the_lane_runs_every_notebook_on_one_gpu_and_the_rest_on_all(gpus, shapes):
+    got: dict[str, int] = {}
+    names = [s.name for s in gpu_notebook_steps.steps(gpus=gpus)]
+    for name in names:
+        got[name.rsplit(".", 1)[1]] = got.get(name.rsplit(".", 1)[1], 0) + 1
+    assert got == shapes
+    assert names[0] == "03_mixed_precision.one"  # Tensor Cores first: a budget cut spares them
+    assert "00_overview.all" not in names
+
+
+def test_a_measured_throughput_is_kept_for_the_tutorials_estimates(tmp_path, monkeypatch):
+    from gpu_lab import estimate
+
+    report = {"mode": "gpu", "started": "2026-12-07T12:00:00+00:00", "steps": [
+        {"name": "gpu_train", "status": "pass", "results": {
+            "gpu": "NVIDIA H200", "model": "resnet50", "rows": [{"variant": "bf16",
+                                                                 "images_per_s": 3000.0}]}}]}
+    assert gpu_check.keep_for_estimates({**report, "mode": "dry-run"}, str(tmp_path)) is None
+    kept = gpu_check.keep_for_estimates(report, str(tmp_path / "home"))
+    assert kept == tmp_path / "home" / "gpu_check.json" and kept.stat().st_mode & 0o077 == 0
+    monkeypatch.delenv("GPU_LAB_GPU_CHECK", raising=False)
+    monkeypatch.setenv("GPU_LAB_HOME", str(tmp_path / "home"))
+    assert estimate.measured() == {"gpu": "NVIDIA H200", "images_per_s": 3000.0,
+                                   "date": "2026-12-07"}

@@ -41,6 +41,17 @@ def wanted() -> bool:
     return os.environ.get(VARIABLE, "").strip().lower() not in ("", "0", "false", "no")
 
 
+def device() -> Any:
+    """The device object that stands for the rank's device (accelerate's `acc.device` does too):
+    `torch.zeros(3, device=devicecheck.device())` is made there."""
+    global _DEVICE
+    if _DEVICE is None:
+        import torch
+
+        _DEVICE = torch.device("cpu")
+    return _DEVICE
+
+
 def on_device(t: Any) -> bool:
     """Whether the check counts `t` as living on the rank's device."""
     return bool(getattr(t, _MARK, False))
@@ -58,6 +69,12 @@ def _mark(out: Any) -> Any:
         for o in out:
             _mark(o)
     return out
+
+
+def _off(out: Any) -> Any:
+    """`out` off the device: on a CPU, .cpu() of a CPU tensor is the tensor itself, so a device
+    tensor leaves it as a new view of the same memory (autograd follows a view)."""
+    return out.view_as(out) if on_device(out) else out
 
 
 def _tensors(args: tuple, kwargs: dict) -> list:
@@ -127,34 +144,40 @@ def mode() -> Any:
     import torch
     from torch.overrides import TorchFunctionMode
 
+    device()
     T = torch.Tensor
     leaving = {T.cpu, T.numpy, T.tolist, T.item}
 
     class StrictDevice(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
-            out = func(*args, **kwargs)
             if func in leaving:
-                return out
+                return _off(func(*args, **kwargs))
             name = getattr(func, "__name__", "")
             ins = _tensors(args, kwargs)
             marked = [t for t in ins if on_device(t)]
             if func is T.to:
                 target = _target(func, args, kwargs)
+                out = func(*args, **kwargs)
+                if target is False:
+                    return _off(out)
                 return _mark(out) if target or (target is None and marked) else out
             if func is T.cuda:
-                return _mark(out)
+                return _mark(func(*args, **kwargs))
             if name in ("_parse_to", "device") and not ins:  # Module.to(d), torch.device(d)
+                out = func(*args, **kwargs)
                 said = [*args, kwargs.get("device")]
                 if any(a is not None and (a is _DEVICE or a is _accelerate_device())
                        for a in said):
                     return (_DEVICE, *out[1:]) if isinstance(out, tuple) else _DEVICE
                 return out
             if name == "__get__":  # a property: .device of a device tensor names the device
+                out = func(*args, **kwargs)
                 if not marked:
                     return out
                 return _DEVICE if isinstance(out, torch.device) else _mark(out)
-            if name not in CROSSING:
+            crossing = name in CROSSING
+            if not crossing:
                 plain = [t for t in ins if not on_device(t) and t.dim() > 0]
                 if marked and plain:
                     raise DeviceMismatch(
@@ -164,7 +187,8 @@ def mode() -> Any:
                         ".to(accelerator.device) or device=accelerator.device when you make it (a "
                         "prepared DataLoader's batches are moved for you). "
                         f"{VARIABLE}=1 made this CPU rank check it")
-            elif ins and not on_device(ins[0]):
+            out = func(*args, **kwargs)
+            if crossing and ins and not on_device(ins[0]):
                 return out  # indexing or copying into a CPU tensor leaves it there
             if marked or _names_the_device(kwargs.get("device")):
                 _mark(out)
@@ -186,14 +210,10 @@ def install() -> bool:
 
     if device_kind() != "cpu":  # CUDA checks devices itself
         return False
-    global _DEVICE
-    import torch
-
-    _DEVICE = torch.device("cpu")
     m = mode()
     m.__enter__()
     _ACTIVE.append(m)
     return True
 
 
-__all__ = ["DeviceMismatch", "VARIABLE", "install", "mode", "on_device", "wanted"]
+__all__ = ["DeviceMismatch", "VARIABLE", "device", "install", "mode", "on_device", "wanted"]

@@ -40,6 +40,7 @@ class FakeGPU:
     nvlinks: int = 0                         # active NVLink links; 0 = a PCIe-only board
     nvlink_kib: list = dataclasses.field(default_factory=lambda: [0, 0])  # cumulative (tx, rx) KiB
     processes: dict = dataclasses.field(default_factory=dict)  # {pid: bytes}
+    compute_capability: tuple = (9, 0)       # Hopper
     unsupported: set = dataclasses.field(default_factory=set)
 
 
@@ -105,6 +106,9 @@ class FakeNVML:
 
     def nvmlDeviceGetName(self, h: FakeGPU) -> str:
         return self._count("nvmlDeviceGetName", h).name
+
+    def nvmlDeviceGetCudaComputeCapability(self, h: FakeGPU) -> tuple[int, int]:
+        return self._count("nvmlDeviceGetCudaComputeCapability", h).compute_capability
 
     def nvmlDeviceGetUtilizationRates(self, h: FakeGPU) -> Any:
         g = self._count("nvmlDeviceGetUtilizationRates", h)
