@@ -44,6 +44,9 @@ if os.environ.get("GPU_LAB_HOME") in (None, os.environ.get("GPU_LAB_TESTS_HOME")
     os.environ["GPU_LAB_HOME"] = os.environ["GPU_LAB_TESTS_HOME"] = tempfile.mkdtemp(
         prefix="gpu_lab_test_home_")
 os.environ.setdefault("GPU_LAB_QUICK", "1")
+# an HF_HOME of the tests' own: a developer's `accelerate config` (its default file lives there)
+# must not change what the tests and notebooks launch
+os.environ["HF_HOME"] = os.path.join(SESSION_TMP, "hf_home")
 # The host queue of the session's own runs, not the machine's; and more CPU slots than cores,
 # since the suite runs runs side by side (kernels, tutorials). The queue's tests set their own.
 os.environ.setdefault("GPU_LAB_CLAIMS_DIR", os.path.join(SESSION_TMP, "claims"))

@@ -20,6 +20,7 @@ from ..record.channel import RunKeys, save_client_key
 from ..record.events import ACTIVE_STATUSES
 from ..telemetry.probe import gpu_count
 from ..rank.script import Script, save_target
+from . import accelerate_config
 from . import checks as pf
 from .run import FINAL, Run
 from ..supervise.kill import terminate_tree
@@ -36,7 +37,7 @@ def launch(fn: Callable | str, *args: Any, num_processes: int | None = None,
            port: int | None = None, rdzv_backend: str = "static",
            env: dict[str, str] | None = None, notebook: str | None = None,
            notify: str | list[str] | None = None, gpus: Any = None, priority: int | None = None,
-           queue: bool = True) -> Run:
+           queue: bool = True, config_file: Any = None) -> Run:
     """Launch `fn(*args)` on `num_processes` ranks through accelerate.notebook_launcher, inside a
     supervisor process that owns the run's record, and return a Run handle at once.
 
@@ -69,6 +70,10 @@ def launch(fn: Callable | str, *args: Any, num_processes: int | None = None,
       checkpoint), or a checkpoint or output folder. The checkpoint's model, num_classes,
       image_size, optimizer and zero must match the config; a mismatch is refused here, before
       any process starts.
+    config_file: the user's `accelerate config`, as `accelerate launch` reads it: None takes
+      accelerate's default file where there is one, a path another, False none. Its settings
+      reach every rank; this call's arguments win over it, it wins over a TrainConfig field at
+      its default (gpu_lab.launch.accelerate_config). What this host cannot do is refused here.
     Inside `fn`, use gpu_lab.accelerator() and gpu_lab.report(step, loss=...).
     """
     fn, args = _target_of(fn, args)
@@ -77,27 +82,25 @@ def launch(fn: Callable | str, *args: Any, num_processes: int | None = None,
                          "by its own flag: launch it again with that flag, e.g. "
                          "launch('train.py', '--resume', '<checkpoint folder>')")
     config = _config_of(config, args)
-    spec = Spec(fn=fn, args=args,
-                num_processes=num_processes if num_processes is not None
-                else (config.num_processes if config is not None else None),
-                mixed_precision=mixed_precision if mixed_precision is not None
-                else (config.mixed_precision if config is not None else "no"),
-                name=name, detach=detach, num_nodes=num_nodes, node_rank=node_rank,
-                master_addr=master_addr, port=port, rdzv_backend=rdzv_backend,
-                env=dict(env or {}), gpus=gpus if gpus is not None
-                else (config.gpus if config is not None else None),
-                priority=priority if priority is not None
-                else (config.priority if config is not None else 0), queue=queue,
-                submitted=time.time())  # checks every argument: nothing has started yet
-    notify_urls = notices.resolve(notify)
     visible = gpu_count()
-    spec.device = "cuda" if visible > 0 else "cpu"
+    said = accelerate_config.said(num_processes, mixed_precision, config, num_nodes, node_rank,
+                                  master_addr, port)
+    accel = accelerate_config.settings(config_file, said, visible)
+    spec = _spec(fn, args, config, said, accel, name=name, detach=detach, num_nodes=num_nodes,
+                 node_rank=node_rank, master_addr=master_addr, port=port,
+                 rdzv_backend=rdzv_backend, env=env, gpus=gpus, priority=priority, queue=queue)
+    if accel is not None and config is not None and config.mixed_precision != spec.mixed_precision:
+        # the ranks' TrainConfig says what they train with (the file's, over its default)
+        config = config.replace(mixed_precision=spec.mixed_precision)
+        spec.args = tuple(config if isinstance(a, TrainConfig) else a for a in spec.args)
+    notify_urls = notices.resolve(notify)
+    spec.device = "cuda" if visible > 0 and not (accel and accel.use_cpu) else "cpu"
     spec.check_device(visible)
     _check_devices(spec)
     registry = Registry()
     source = _resume_source(resume, config, registry) if resume is not None else None
     _prepare_host(spec, visible)
-    run = _create_run(spec, config, source, registry, notebook)
+    run = _create_run(spec, config, source, registry, notebook, accel)
     notices.save(run.run_dir, notify_urls)  # for the recorder's sender, at the run's end
     run._fn, run._args = fn, args
     run._launch_kw = {"num_processes": num_processes, "mixed_precision": mixed_precision,
@@ -107,6 +110,32 @@ def launch(fn: Callable | str, *args: Any, num_processes: int | None = None,
                       "gpus": gpus, "priority": priority, "queue": queue}
     _start_supervisor(run, spec, registry)
     return run
+
+
+def _spec(fn: Any, args: tuple, config: TrainConfig | None, said: dict[str, Any], accel: Any,
+          **kw: Any) -> Spec:
+    """The run's Spec: this call's arguments, then its TrainConfig's, then the accelerate config
+    file's (`accel`), then the defaults. Checks every argument: nothing has started yet."""
+    def pick(key: str, default: Any) -> Any:
+        if key in said:
+            return said[key]
+        got = getattr(accel, key, None) if accel is not None else None
+        return default if got is None else got
+
+    gpus = kw["gpus"] if kw["gpus"] is not None else (
+        config.gpus if config is not None and config.gpus is not None else pick("gpus", None))
+    priority = kw["priority"] if kw["priority"] is not None else (
+        config.priority if config is not None else 0)
+    spec = Spec(fn=fn, args=args, num_processes=pick("num_processes", None),
+                mixed_precision=accel.mixed_precision if accel is not None
+                else said.get("mixed_precision") or "no",
+                name=kw["name"], detach=kw["detach"], num_nodes=pick("num_nodes", 1),
+                node_rank=pick("node_rank", 0), master_addr=pick("master_addr", "127.0.0.1"),
+                port=pick("port", None), rdzv_backend=kw["rdzv_backend"],
+                env={**(accel.env if accel is not None else {}), **(kw["env"] or {})},
+                gpus=gpus, priority=priority, queue=kw["queue"], submitted=time.time())
+    spec.env.setdefault("ACCELERATE_MIXED_PRECISION", spec.mixed_precision)  # one rank too
+    return spec
 
 
 def _config_of(config: TrainConfig | dict | None, args: tuple) -> TrainConfig | None:
@@ -148,7 +177,7 @@ def _prepare_host(spec: Spec, gpus: int) -> None:
 
 
 def _create_run(spec: Spec, config: TrainConfig | None, source: dict | None, registry: Registry,
-                notebook: str | None) -> Run:
+                notebook: str | None, accel: Any = None) -> Run:
     """The run's id, folder, channel keys, checkpoint folder and registry row; its handle."""
     spec.run_id = time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
     script = spec.fn if isinstance(spec.fn, Script) else None
@@ -176,7 +205,8 @@ def _create_run(spec: Spec, config: TrainConfig | None, source: dict | None, reg
                         num_processes=spec.num_processes, num_nodes=spec.num_nodes,
                         node_rank=spec.node_rank, output_dir=output_dir, run_dir=spec.run_dir,
                         notebook=notebook or _notebook_path(), detach=int(spec.detach),
-                        entry=_entry_of(spec.fn), resumed_from=source, priority=spec.priority)
+                        entry=_entry_of(spec.fn), resumed_from=source, priority=spec.priority,
+                        accelerate=accel.record() if accel is not None else None)
     return Run(spec.run_id, spec.name, folder.path, spec.num_processes, registry, config=config,
                port=spec.port, device=spec.device, detach=spec.detach, output_dir=output_dir,
                resumed_from=source)

@@ -89,12 +89,12 @@ _ADDED = (("reason", "TEXT"), ("detach", "INTEGER DEFAULT 0"), ("events_address"
           ("entry", "TEXT"), ("resumed_from", "TEXT"), ("last_step", "INTEGER"),
           ("summary", "TEXT"), ("devices", "TEXT"), ("priority", "INTEGER DEFAULT 0"),
           ("queue_position", "INTEGER"), ("part_of", "TEXT"), ("sweep", "TEXT"),
-          ("job", "TEXT"), ("note", "TEXT"))
+          ("job", "TEXT"), ("note", "TEXT"), ("accelerate", "TEXT"))
 
 _COLUMNS = ("id", "name", "status", "config", "num_processes", "num_nodes", "node_rank", "host",
             "pid", "pgid", "pid_started", "started", "ended", "notebook", "output_dir", "run_dir",
             "error", "kind") + tuple(name for name, _ in _ADDED)
-_JSON_COLUMNS = ("config", "resumed_from", "summary", "devices", "part_of", "job")
+_JSON_COLUMNS = ("config", "resumed_from", "summary", "devices", "part_of", "job", "accelerate")
 
 
 # Stored in the database's user_version once its schema is in place: an existing file whose

@@ -55,7 +55,9 @@ def make_accelerator(config, output_dir: Path):
     # The process group (PartialState) is kept.
     release_accelerator_state()
     kw: dict[str, Any] = {
-        "mixed_precision": config.mixed_precision,
+        # at its default, the launcher's word: `accelerate launch` or gpu_lab.launch() put the
+        # user's accelerate config in ACCELERATE_MIXED_PRECISION, which Accelerator reads
+        "mixed_precision": None if config.mixed_precision == "no" else config.mixed_precision,
         "gradient_accumulation_steps": config.grad_accum_steps,
         # the same shuffled order on every rank and after a resume: seed + epoch
         "dataloader_config": DataLoaderConfiguration(use_seedable_sampler=True, data_seed=config.seed),
@@ -652,7 +654,7 @@ def _summary(setup: _Setup, state: TrainState, progress: _Progress, t_start: flo
         "resumed_from": resumed_from, "stopped": progress.stopped, "num_processes": world,
         "micro_batch_size": setup.micro, "grad_accum_steps": setup.accum,
         "global_batch": setup.micro * setup.accum * world, "oom_retries": progress.oom_retries,
-        "mixed_precision": cfg.mixed_precision, "output_dir": str(Path(cfg.output_dir)),
+        "mixed_precision": str(setup.acc.mixed_precision), "output_dir": str(Path(cfg.output_dir)),
     }
 
 
