@@ -85,7 +85,15 @@ def test_the_default_file_a_named_file_and_launchs_own_word(kernels, tmp_path):
     assert rows["script-default"]["set"]["mixed_precision"] == "bf16"
     assert rows["script-named"]["file"] == str(other)
     assert rows["function-flag"]["mixed_precision"] == "no"
-    assert rows["script-none"] is None
+    # what the ranks said they use, beside what the file asked
+    for name, want in (("script-default", "bf16"), ("function-default", "bf16"),
+                       ("function-flag", "no"), ("script-none", "no")):
+        said = {r: (u["mixed_precision"], u["distributed_type"], u["sharding"])
+                for r, u in rows[name]["ranks"].items()}
+        assert said == {"0": (want, "MULTI_CPU", "none"), "1": (want, "MULTI_CPU", "none")}, said
+    assert "script-none" in rows and set(rows["script-none"]) == {"ranks"}  # no file
+    table = k.run("print(gpu_lab.runs())")
+    assert any("script-default" in line and " bf16 " in line for line in table.splitlines()), table
 
 
 def test_a_train_config_at_its_default_takes_the_files_precision(kernels, tmp_path):

@@ -52,6 +52,9 @@ export interface IRun {
   name: string;
   status: RunStatus;
   num_processes: number | null;
+  /** what the ranks train with, as they said: 'bf16', 'bf16, fsdp2' (or what the launch
+   *  asked for, before they say) */
+  precision?: string | null;
   started: number | null;
   ended: number | null;
   last_step: number | null;

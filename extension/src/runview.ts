@@ -311,6 +311,7 @@ export class RunView extends Widget {
     this._meta.textContent = [
       row.id,
       `${row.num_processes ?? '?'} rank${row.num_processes === 1 ? '' : 's'}`,
+      row.precision ?? '',
       row.started ? `started ${new Date(row.started * 1000).toLocaleString()}` : '',
       row.started ? `ran ${formatDuration((row.ended ?? Date.now() / 1000) - row.started)}` : '',
       step !== null && step !== undefined ? `step ${step}` : ''

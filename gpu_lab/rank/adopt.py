@@ -119,13 +119,43 @@ def _wrap_accelerate() -> None:
         def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
             init(self, *args, **kwargs)
             check_world(self, "Accelerator()")
-            if self.is_main_process and os.environ.get(ev.ENV_ADDRESS):
-                _add_tracker(self)
+            if os.environ.get(ev.ENV_ADDRESS):
+                report_used(self)
+                if self.is_main_process:
+                    _add_tracker(self)
         return __init__
 
     wrap(PartialState, "__init__", partial_state)
     wrap(Accelerator, "__init__", accelerator)
     from . import tracker  # noqa: F401 - registers the name "gpu_lab" where accelerate can
+
+
+def used(acc: Any, sharding: str | None = None) -> dict[str, str]:
+    """What an Accelerator really trains with: its mixed precision, distributed type and
+    sharding (FSDP and its version, DeepSpeed's stage; `sharding` names one made without
+    accelerate, such as fit()'s ZeRO-1)."""
+    state = getattr(acc, "state", None)
+    kind = getattr(acc.distributed_type, "value", str(acc.distributed_type))
+    if sharding is None:
+        sharding = "none"
+        if kind == "FSDP":
+            sharding = f"fsdp{getattr(getattr(state, 'fsdp_plugin', None), 'fsdp_version', 1)}"
+        elif kind == "DEEPSPEED":
+            stage = getattr(getattr(state, "deepspeed_plugin", None), "zero_stage", "?")
+            sharding = f"deepspeed stage {stage}"
+    return {"mixed_precision": str(acc.mixed_precision), "distributed_type": kind,
+            "sharding": sharding}
+
+
+def report_used(acc: Any, sharding: str | None = None) -> None:
+    """Tell the run's record what this rank's Accelerator uses (the run view and runs() show it:
+    what the ranks used, not only what was asked)."""
+    from ..record.reporter import get_reporter
+
+    try:
+        get_reporter().status("running", accelerate=used(acc, sharding))
+    except Exception:  # noqa: BLE001 - a record that cannot take it must not stop the training
+        pass
 
 
 def _add_tracker(acc: Any) -> None:

@@ -39,7 +39,7 @@ from urllib.parse import quote
 
 from ..access import SHARE_GROUP, group_name, share_gid
 from .events import ACTIVE_STATUSES as ACTIVE
-from .events import CHECKPOINT, CONFIG, KINDS, METRIC
+from .events import CHECKPOINT, CONFIG, KINDS, METRIC, STATUS
 from .events import STATUSES
 from .events import TEXT as _TEXT
 from .events import numbers as _numbers
@@ -538,6 +538,11 @@ class Registry:
             configs = [e["data"] for e in events if e["kind"] == CONFIG]
             if configs:  # what the run's own code says of its hyperparameters (a tracker's)
                 _merge_config(c, run_id, configs)
+            used = [(e["rank"], e["data"]["accelerate"]) for e in events if e["kind"] == STATUS
+                    and isinstance(e.get("data"), dict)
+                    and isinstance(e["data"].get("accelerate"), dict)]
+            if used:  # what each rank's Accelerator really trains with
+                _merge_used(c, run_id, used)
             saved = [(run_id, e.get("step") or 0, e["data"]["path"], e["t"]) for e in events
                      if e["kind"] == CHECKPOINT and isinstance(e.get("data"), dict)
                      and isinstance(e["data"].get("path"), str)]
@@ -793,6 +798,37 @@ def _merge_config(c: sqlite3.Connection, run_id: str, configs: list) -> None:
     c.execute("UPDATE runs SET config=? WHERE id=?", (_encode(config), run_id))
 
 
+def _merge_used(c: sqlite3.Connection, run_id: str, used: list[tuple[int, dict]]) -> None:
+    """The ranks' word on what accelerate uses, into the run's `accelerate` column (beside the
+    config file's, if the launch read one): {"ranks": {rank: {mixed_precision, ...}}}."""
+    row = c.execute("SELECT accelerate FROM runs WHERE id=?", (run_id,)).fetchone()
+    if row is None:
+        return
+    try:
+        acc = json.loads(row[0]) if row[0] else {}
+    except ValueError:
+        acc = {}
+    acc = acc if isinstance(acc, dict) else {}
+    ranks = acc.get("ranks") if isinstance(acc.get("ranks"), dict) else {}
+    for rank, data in used:
+        ranks[str(rank)] = {k: str(v) for k, v in data.items()
+                            if k in ("mixed_precision", "distributed_type", "sharding")}
+    acc["ranks"] = ranks
+    c.execute("UPDATE runs SET accelerate=? WHERE id=?", (_encode(acc), run_id))
+
+
+def used_by_ranks(row: dict) -> dict | None:
+    """What the lowest rank that said so trains with ({mixed_precision, distributed_type,
+    sharding}), or None before any rank has said; `mixed` lists what the ranks disagree on."""
+    acc = row.get("accelerate")
+    ranks = acc.get("ranks") if isinstance(acc, dict) else None
+    if not isinstance(ranks, dict) or not ranks:
+        return None
+    first = dict(ranks[min(ranks, key=lambda r: int(r) if str(r).lstrip("-").isdigit() else 0)])
+    first["mixed"] = sorted({k for r in ranks.values() for k, v in r.items() if first.get(k) != v})
+    return first
+
+
 def _fold_last(step: int | None, summary: str | None, metric: list[dict]) -> tuple:
     """The run's (last step, summary JSON) after these metric events. The summary maps each metric
     to [rank, value]: the newest value of the lowest rank that reports it (rank 0's numbers win).
@@ -903,8 +939,8 @@ class RunTable(list):
     (iterate it, index it, read any column of a row)."""
 
     COLS = (("id", "id"), ("name", "name"), ("status", "status"), ("num_processes", "ranks"),
-            ("last_step", "step"), ("last_loss", "loss"), ("started", "started"),
-            ("duration", "duration"), ("note", "note"))
+            ("precision", "precision"), ("last_step", "step"), ("last_loss", "loss"),
+            ("started", "started"), ("duration", "duration"), ("note", "note"))
 
     def _cells(self, r: dict) -> list[str]:
         out = []
@@ -912,6 +948,8 @@ class RunTable(list):
             if key == "duration":
                 start, end = r.get("started"), r.get("ended") or time.time()
                 v = _duration(end - start) if start else ""
+            elif key == "precision":
+                v = precision_words(r)
             elif key == "note":
                 v = "; ".join(x for x in (r.get("reason"), r.get("note")) if x)
                 src = r.get("resumed_from")
@@ -942,6 +980,19 @@ class RunTable(list):
 
     def __repr__(self) -> str:
         return str(self) if self else "RunTable([])  (no runs)"
+
+
+def precision_words(row: dict) -> str:
+    """'bf16', 'bf16, fsdp2': what the ranks said they train with; before they say, what the
+    launch asked for (its config file's, else its TrainConfig's)."""
+    used = used_by_ranks(row)
+    if used is None:
+        acc = row.get("accelerate") if isinstance(row.get("accelerate"), dict) else {}
+        config = row.get("config") if isinstance(row.get("config"), dict) else {}
+        used = {"mixed_precision": acc.get("mixed_precision") or config.get("mixed_precision"),
+                "sharding": acc.get("sharding")}
+    words = [w for w in (used.get("mixed_precision"), used.get("sharding")) if w and w != "none"]
+    return ", ".join(words) + (" (ranks differ)" if used.get("mixed") else "")
 
 
 def _duration(seconds: float) -> str:

@@ -45,4 +45,8 @@ def sample_to_wire(sample: Any) -> dict:
 
 
 def run_to_wire(row: dict) -> dict:
-    return {k: json_safe(row.get(k)) for k in RUN_FIELDS}
+    from ..record.registry import precision_words
+
+    out = {k: json_safe(row.get(k)) for k in RUN_FIELDS}
+    out["precision"] = precision_words(row) or None  # what the ranks train with
+    return out

@@ -212,7 +212,8 @@ def _prepare(acc, model, train_data, cfg, eval_data, callbacks, loss_fn, guards)
     world = acc.num_processes
     zero = cfg.zero and world > 1
     if cfg.zero and not zero:
-        log.warning("zero=True ignored: one process has no optimizer state to shard with others")
+        _note(acc, "zero=True: one rank has no other rank to shard its optimizer state with; "
+                   "this run keeps the whole state, as without ZeRO (it shards from 2 ranks on)")
     if cfg.activation_checkpointing:
         activation.enable(model)
     # on the device before the optimizer exists: ZeRO sizes its buckets on the parameters' device
@@ -231,6 +232,10 @@ def _prepare(acc, model, train_data, cfg, eval_data, callbacks, loss_fn, guards)
     # accelerate round-trips an optimizer's state_dict to place it on the device; a ZeRO optimizer
     # only has a full state_dict after a consolidation (and its state is created on the device)
     model, optimizer = acc.prepare(model, optimizer, device_placement=[True, not zero])
+    if zero:
+        from ..rank.adopt import report_used
+
+        report_used(acc, sharding="zero1")  # the run says what its ranks really shard
     eval_loader = None
     if eval_data is not None:  # this rank's share, never padded or resampled (see evaluation.py)
         eval_loader = eval_batches(eval_data, rank=acc.process_index, world=world,
@@ -245,6 +250,13 @@ def _prepare(acc, model, train_data, cfg, eval_data, callbacks, loss_fn, guards)
                   cbs=CallbackList([*extra, *callbacks]), loss_fn=loss_fn, train_data=train_data,
                   loader=loader, per_rank=per_rank, eval_loader=eval_loader, pin=pin,
                   micro=cfg.batch_size, accum=cfg.grad_accum_steps, total_steps=total_steps)
+
+
+def _note(acc, text: str) -> None:
+    """A line in the run's notes (rank 0), and in the log where no run records it."""
+    log.warning(text)
+    if acc.is_main_process:
+        get_reporter().log(text)
 
 
 def _train_loader(acc, train_data, cfg, pin: bool) -> tuple[Any, bool, int | None]:
