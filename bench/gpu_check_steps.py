@@ -743,6 +743,38 @@ def step_launch(ctx: Ctx) -> None:
                 f"kernel, stopped at {out['saved'][-1]}, resumed to step {res['steps']}")
 
 
+def step_fsdp(ctx: Ctx) -> None:
+    """fit(sharding="fsdp") on every GPU (on one GPU: with offload, which still applies), a
+    checkpoint of the whole model, and a resume; in the dry run, two CPU ranks."""
+    import gpu_lab
+    from gpu_lab.telemetry.probe import gpu_count
+    from gpu_lab.train import train_classifier
+
+    ranks = 2 if ctx.dry else max(1, gpu_count())
+    kw = dict(model="tiny_resnet", image_size=32, batch_size=32, max_steps=6, optimizer="adamw",
+              checkpoint_every=3, num_workers=0,
+              mixed_precision="no" if ctx.dry else "bf16")
+    results = {}
+    for sharding in ("none", "fsdp"):
+        cfg = train_config(ctx, sharding=sharding, num_processes=ranks,
+                           offload=sharding == "fsdp" and ranks == 1 and not ctx.dry, **kw)
+        run = gpu_lab.launch(train_classifier, cfg, name=f"gpu-check-{sharding}")
+        ctx.check(f"{sharding}: succeeded", run.wait(timeout=240) == "succeeded", run.error)
+        results[sharding] = (run, run.result())
+    run, fsdp = results["fsdp"]
+    plain = results["none"][1]
+    share = fsdp["rank_param_bytes"] / plain["rank_param_bytes"]
+    ctx.record(ranks=ranks, param_share=round(share, 3), sharding=fsdp["sharding"],
+               rank_param_bytes=[plain["rank_param_bytes"], fsdp["rank_param_bytes"]])
+    if ranks > 1:
+        ctx.check("each rank holds about 1/N of the parameters", abs(share - 1 / ranks) < 0.05,
+                  share)
+    more = run.resume(max_steps=9)
+    ctx.check("resumed from the sharded run's checkpoint", more.wait(timeout=240) == "succeeded"
+              and more.result()["steps"] == 9, more.error)
+    ctx.summary(f"{ranks} rank(s): rank 0 holds {share:.0%} of the parameters; resumed to 9")
+
+
 def _prometheus(ctx: Ctx) -> dict:
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -871,6 +903,8 @@ STEPS: list[Step] = [
          150, step_telemetry, "the same during a CPU run"),
     Step("nccl", "NCCL initialises and all-reduces (one GPU: one rank)", 60, step_nccl,
          "the same with gloo"),
+    Step("fsdp", "fit(sharding='fsdp') on every GPU (one GPU: with offload), checkpoint, resume",
+         90, step_fsdp, "the same on two CPU ranks"),
     Step("compile_bf16", "bench/gpu_train.py with torch.compile, bf16", 240, step_compile_bf16,
          "inductor imports"),
     Step("compile_tf32", "bench/gpu_train.py with torch.compile, TF32", 240, step_compile_tf32,

@@ -51,6 +51,12 @@ class Augment(StrEnum):
     AUTOAUGMENT = "autoaugment"
 
 
+class Sharding(StrEnum):
+    NONE = "none"
+    ZERO1 = "zero1"
+    FSDP = "fsdp"
+
+
 class Decode(StrEnum):
     CPU = "cpu"
     GPU = "gpu"
@@ -167,7 +173,14 @@ class TrainConfig:
                              "Tensor Cores).")
     compile: bool = _f(False, "Compile the model with torch.compile (opt-in; slow first steps).")
     powersgd: bool = _f(False, "Compress DDP gradients with the PowerSGD communication hook.")
-    zero: bool = _f(False, "Shard optimizer state across ranks (ZeroRedundancyOptimizer, ZeRO-1).")
+    zero: bool = _f(False, "Shard optimizer state across ranks (ZeroRedundancyOptimizer, ZeRO-1); "
+                    "the same as sharding='zero1'.")
+    sharding: str = _f("none", "What the ranks split between them: none (each holds the whole "
+                       "model, DDP), zero1 (the optimizer state) or fsdp (parameters, gradients "
+                       "and optimizer state, FSDP2): about 1/N of the model's memory on each of "
+                       "N ranks. One rank has nothing to split.", choices=Sharding)
+    offload: bool = _f(False, "With sharding='fsdp' on GPUs: keep the parameters and optimizer "
+                       "state in CPU memory between uses (less GPU memory, slower steps).")
     # --- processes and data loading --------------------------------------------------------------
     num_processes: int | None = _f(None, "Processes (one per GPU). Empty: every GPU NVML reports, "
                                    "or 2 CPU processes on a host without a GPU.", lo=1, hi=1024,
@@ -215,9 +228,23 @@ class TrainConfig:
         for f in dataclasses.fields(self):
             setattr(self, f.name, _validate_field(f, getattr(self, f.name)))
         self._check_gpus_and_processes()
+        self._check_sharding()
         if self.max_steps is None and self.epochs is None:
             raise ValueError("TrainConfig.max_steps: got None while epochs is None too; accepted: "
                              "a positive max_steps, or a positive epochs")
+
+    def _check_sharding(self) -> None:
+        """zero=True and sharding='zero1' say the same: each sets the other."""
+        if self.zero and self.sharding == Sharding.FSDP:
+            raise ValueError("TrainConfig.zero: got True with sharding='fsdp'; accepted: one of "
+                             "the two (fsdp shards the optimizer state too)")
+        if self.zero:
+            self.sharding = Sharding.ZERO1.value
+        self.zero = self.sharding == Sharding.ZERO1
+        if self.offload and self.sharding != Sharding.FSDP:
+            raise ValueError(f"TrainConfig.offload: got True with sharding={self.sharding!r}; "
+                             "accepted: offload with sharding='fsdp' (FSDP moves the parameters "
+                             "to and from CPU memory)")
 
     def _check_gpus_and_processes(self) -> None:
         count = self.gpus if isinstance(self.gpus, int) else (
@@ -250,7 +277,8 @@ class TrainConfig:
                 hint = f" Did you mean {close[0]!r}?" if close else ""
                 raise ValueError(f"TrainConfig: unknown field {key!r}.{hint} "
                                  f"Accepted fields: {', '.join(names)}.")
-            if name in ("optimizer", "mixed_precision", "scheduler", "augment") and isinstance(value, str):
+            if name in ("optimizer", "mixed_precision", "scheduler", "augment",
+                        "sharding") and isinstance(value, str):
                 value = value.lower()  # "AdamW" as torch spells it
             kw[name] = value
         return cls(**kw)

@@ -151,6 +151,26 @@ def test_accelerate_config_and_command_are_read_by_accelerate(tmp_path):
     assert (args.machine_rank, args.main_process_ip) == (1, "10.0.0.7")
 
 
+@pytest.mark.parametrize("device, nodes", [("cuda", 1), ("cuda", 2), ("cpu", 1)])
+def test_an_exported_accelerate_config_is_read_back_as_launch_reads_it(tmp_path, monkeypatch,
+                                                                       recwarn, device, nodes):
+    """`gpu-lab export accelerate` writes a file that launch(config_file=...) takes back: the
+    same precision, ranks and machines, nothing it would not pass on."""
+    from gpu_lab.launch import accelerate_config
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    cfg = TrainConfig(mixed_precision="bf16")
+    export(cfg, "export_fns:train_tiny", "accelerate", num_nodes=nodes, nproc_per_node=2,
+           port=29555, device=device, master_addr="10.0.0.7", out_dir=tmp_path)
+    back = accelerate_config.read(tmp_path / "accelerate_config.yaml", explicit={}, device=device,
+                                  gpu_indices=[0, 1])
+    assert back.mixed_precision == "bf16" and back.env["ACCELERATE_MIXED_PRECISION"] == "bf16"
+    assert back.num_processes == 2 and (back.num_nodes or 1) == nodes
+    if nodes > 1:
+        assert (back.master_addr, back.port) == ("10.0.0.7", 29555)
+    assert back.not_passed == [] and not [w for w in recwarn if "pass on" in str(w.message)]
+
+
 def test_multinode_torchrun_command_is_read_by_torchrun():
     from torch.distributed.run import parse_args
 

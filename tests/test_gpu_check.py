@@ -44,7 +44,7 @@ def test_dry_run_passes_every_steps_cpu_part(tmp_path):
     assert report["wheels"]["ok"], report["wheels"]["problems"]
     assert report["wheels"]["total_bytes"] + (report["wheels"]["tree_bytes"] or 0) < 64 * 2**20
     text = (tmp_path / "gpu_check.txt").read_text()
-    assert "result: 12 passed, failed: none, not run: none" in text, text
+    assert "result: 13 passed, failed: none, not run: none" in text, text
     for step in gpu_check_steps.STEPS:  # the steps are listed first, with their CPU parts
         assert f"CPU: {step.cpu_part}" in out.stdout
     # the loader step ran the batch decoder on CPU tensors: equal to the CPU path, bit for bit

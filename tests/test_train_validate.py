@@ -97,3 +97,28 @@ def test_bf16_on_a_pre_ampere_gpu_is_refused(monkeypatch):
     monkeypatch.setattr(v, "min_compute_capability", lambda: (9, 0))
     assert validate({"mixed_precision": "bf16"}, gpu_count=1).mixed_precision == "bf16"
     assert validate({"mixed_precision": "bf16"}, gpu_count=0).mixed_precision == "bf16"  # CPU bf16
+
+
+@pytest.mark.parametrize("cfg, gpus, field, words", [
+    ({"sharding": "fsdp", "mixed_precision": "fp16"}, 1, "mixed_precision", "Use 'bf16'"),
+    ({"sharding": "fsdp", "powersgd": True}, 0, "powersgd", "Use one of the two"),
+    ({"sharding": "fsdp", "compile": True}, 0, "compile", "Use one of the two"),
+    ({"sharding": "fsdp", "offload": True}, 0, "offload", "live in CPU memory already"),
+])
+def test_what_fit_cannot_shard_with_fsdp_is_refused(cfg, gpus, field, words):
+    with pytest.raises(ConfigError) as e:
+        validate(cfg, gpu_count=gpus)
+    assert e.value.field == field and words in str(e.value), str(e.value)
+
+
+def test_zero_and_sharding_say_the_same_and_offload_needs_fsdp():
+    assert TrainConfig(zero=True).sharding == "zero1"
+    assert TrainConfig(sharding="zero1").zero is True
+    assert TrainConfig(sharding="fsdp").zero is False
+    assert TrainConfig.from_dict({"sharding": "FSDP"}).sharding == "fsdp"
+    with pytest.raises(ValueError, match="zero: got True with sharding='fsdp'"):
+        TrainConfig(zero=True, sharding="fsdp")
+    with pytest.raises(ValueError, match="offload: got True with sharding='none'"):
+        TrainConfig(offload=True)
+    with pytest.raises(ValueError, match="accepted: .*'zero1'"):
+        TrainConfig(sharding="zero3")

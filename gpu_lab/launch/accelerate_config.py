@@ -166,7 +166,9 @@ def _set_fields(defaults: Any) -> dict[str, Any]:
         value = getattr(defaults, f.name)
         value = getattr(value, "value", value)  # enums as their words
         default = f.default if f.default is not dataclasses.MISSING else None
-        if value in (None, {}, []) or value == default:
+        # accelerate's own writer spells an off switch "no" (downcast_bf16: 'no')
+        off = default is False and value in ("no", "false", "False")
+        if value in (None, {}, []) or value == default or off:
             continue
         out[f.name] = value
     return out

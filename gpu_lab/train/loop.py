@@ -18,6 +18,7 @@ evaluated when, throughput). Each step below takes them explicitly.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -124,6 +125,8 @@ class _Setup:
     micro: int                   # per-device micro-batch
     accum: int                   # micro-batches per optimizer step
     total_steps: int
+    sharding: str = "none"       # what the ranks really split: none | zero1 | fsdp
+    fsdp_model: bool = False     # sharded by fully_shard, not prepared by accelerate (autocast here)
 
 
 @dataclass
@@ -210,16 +213,23 @@ def _prepare(acc, model, train_data, cfg, eval_data, callbacks, loss_fn, guards)
     import torch
 
     world = acc.num_processes
-    zero = cfg.zero and world > 1
-    if cfg.zero and not zero:
-        _note(acc, "zero=True: one rank has no other rank to shard its optimizer state with; "
-                   "this run keeps the whole state, as without ZeRO (it shards from 2 ranks on)")
+    sharding = cfg.sharding if world > 1 else "none"
+    if cfg.sharding != "none" and world == 1:
+        _note(acc, f"sharding={cfg.sharding!r}: one rank has no other rank to split the model's "
+                   "memory with; this run holds all of it, as without sharding (it shards from 2 "
+                   "ranks on)" + ("; the offload to CPU memory still applies" if cfg.offload
+                                  else ""))
+    zero = sharding == "zero1"
+    fsdp = cfg.sharding == "fsdp" and (world > 1 or cfg.offload)
     if cfg.activation_checkpointing:
         activation.enable(model)
     # on the device before the optimizer exists: ZeRO sizes its buckets on the parameters' device
     model = model.to(acc.device)
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
+    if fsdp:
+        return _prepare_sharded(acc, model, train_data, cfg, eval_data, callbacks, loss_fn,
+                                guards, sharding)
     optimizer = build_optimizer(model, cfg, zero=zero)
     pin = acc.device.type == "cuda"
     loader, per_rank, spe = _train_loader(acc, train_data, cfg, pin)
@@ -236,6 +246,35 @@ def _prepare(acc, model, train_data, cfg, eval_data, callbacks, loss_fn, guards)
         from ..rank.adopt import report_used
 
         report_used(acc, sharding="zero1")  # the run says what its ranks really shard
+    return _finish_setup(acc, model, optimizer, loader, per_rank, cfg, eval_data, callbacks,
+                         loss_fn, guards, pin, total_steps, sharding, train_data)
+
+
+def _prepare_sharded(acc, model, train_data, cfg, eval_data, callbacks, loss_fn, guards,
+                     sharding) -> _Setup:
+    """FSDP (gpu_lab.train.sharding): the model sharded by torch's fully_shard, never wrapped
+    in DDP by accelerate; the optimizer made over the shards and prepared alone."""
+    from . import sharding as fsdp
+
+    model = fsdp.shard(model, offload=cfg.offload)
+    optimizer = acc.prepare_optimizer(build_optimizer(model, cfg), device_placement=False)
+    pin = acc.device.type == "cuda"
+    loader, per_rank, spe = _train_loader(acc, train_data, cfg, pin)
+    if cfg.max_steps is None and spe is None:
+        raise ValueError("TrainConfig.max_steps: the training data has no length (an iterable "
+                         "pipeline), so epochs cannot be counted; set max_steps")
+    from ..rank.adopt import report_used
+
+    report_used(acc, sharding="fsdp2" if sharding == "fsdp" else "none")
+    setup = _finish_setup(acc, model, optimizer, loader, per_rank, cfg, eval_data, callbacks,
+                          loss_fn, guards, pin, cfg.total_steps(spe), sharding, train_data)
+    return replace(setup, fsdp_model=True)
+
+
+def _finish_setup(acc, model, optimizer, loader, per_rank, cfg, eval_data, callbacks, loss_fn,
+                  guards, pin, total_steps, sharding, train_data) -> _Setup:
+    """The evaluation loader, the schedule and the callbacks: the same whatever the sharding."""
+    world = acc.num_processes
     eval_loader = None
     if eval_data is not None:  # this rank's share, never padded or resampled (see evaluation.py)
         eval_loader = eval_batches(eval_data, rank=acc.process_index, world=world,
@@ -249,7 +288,8 @@ def _prepare(acc, model, train_data, cfg, eval_data, callbacks, loss_fn, guards)
     return _Setup(acc=acc, model=model, optimizer=optimizer, scheduler=scheduler, cfg=cfg,
                   cbs=CallbackList([*extra, *callbacks]), loss_fn=loss_fn, train_data=train_data,
                   loader=loader, per_rank=per_rank, eval_loader=eval_loader, pin=pin,
-                  micro=cfg.batch_size, accum=cfg.grad_accum_steps, total_steps=total_steps)
+                  micro=cfg.batch_size, accum=cfg.grad_accum_steps, total_steps=total_steps,
+                  sharding=sharding)
 
 
 def _note(acc, text: str) -> None:
@@ -447,7 +487,8 @@ def _micro_batches(setup: _Setup, batches) -> _MicroBatches:
         if channels_last and x.dim() == 4:
             x = x.contiguous(memory_format=torch.channels_last)
         with acc.accumulate(model):
-            out = model(x)
+            with acc.autocast() if setup.fsdp_model else contextlib.nullcontext():
+                out = model(x)  # (a model accelerate prepared casts in its own forward)
             loss = loss_fn(out, y)
             acc.backward(loss)
             if acc.sync_gradients and max_norm is not None:
@@ -667,7 +708,18 @@ def _summary(setup: _Setup, state: TrainState, progress: _Progress, t_start: flo
         "micro_batch_size": setup.micro, "grad_accum_steps": setup.accum,
         "global_batch": setup.micro * setup.accum * world, "oom_retries": progress.oom_retries,
         "mixed_precision": str(setup.acc.mixed_precision), "output_dir": str(Path(cfg.output_dir)),
+        "sharding": setup.sharding, **_memory_split(setup),
     }
+
+
+def _memory_split(setup: _Setup) -> dict:
+    """What this rank (rank 0's summary) holds of the model: its parameters' and optimizer
+    state's bytes; with sharding, about 1/N of an unsharded run's."""
+    from .sharding import local_bytes, optimizer_bytes
+
+    model = setup.acc.unwrap_model(setup.model, keep_torch_compile=False)
+    return {"rank_param_bytes": local_bytes(model.parameters()),
+            "rank_optimizer_bytes": optimizer_bytes(setup.optimizer)}
 
 
 def _is_loader(data) -> bool:

@@ -3,7 +3,7 @@
 A checkpoint written by fit() keeps the config it was trained with (trainer_state.json). A run may
 continue it only if the fields that shape the saved state are the same:
 
-- must match (MUST_MATCH): model, num_classes, image_size, optimizer, zero. Another value would
+- must match (MUST_MATCH): model, num_classes, image_size, optimizer, sharding. Another value would
   load weights or optimizer state into a model or optimizer they were not made for.
 - may change (everything else), for example: max_steps and epochs (the schedule is stretched over
   the new length from the saved step), lr, warmup_ratio, scheduler, batch_size and
@@ -22,7 +22,7 @@ from typing import Any, Mapping
 from .checkpoint import (CHECKPOINTS, MANIFEST, CheckpointError, CheckpointInfo, latest_checkpoint,
                          read_manifest, verify)
 
-MUST_MATCH = ("model", "num_classes", "image_size", "optimizer", "zero")
+MUST_MATCH = ("model", "num_classes", "image_size", "optimizer", "sharding")
 STATE_FILE = "trainer_state.json"
 
 
@@ -42,7 +42,10 @@ class ResumeMismatchError(ValueError):
 def fingerprint(config: Any) -> dict[str, Any]:
     """The fields of a config (TrainConfig or dict) that must match to continue its checkpoints."""
     d = config if isinstance(config, Mapping) else config.to_dict()
-    return {k: d.get(k) for k in MUST_MATCH}
+    out = {k: d.get(k) for k in MUST_MATCH}
+    if out["sharding"] is None:  # a checkpoint from before sharding=: its zero said it
+        out["sharding"] = "zero1" if d.get("zero") else "none"
+    return out
 
 
 def saved_config(info: CheckpointInfo) -> dict | None:

@@ -66,13 +66,28 @@ def _is_zero(optimizer) -> bool:
     return isinstance(_inner_optimizer(optimizer), ZeroRedundancyOptimizer)
 
 
+def _sharded(model) -> bool:
+    from .sharding import is_sharded
+
+    return is_sharded(model)
+
+
+def _gathered(model, optimizer) -> tuple[dict, dict] | None:
+    """An FSDP model's whole state and its optimizer's, on rank 0; None for another model."""
+    if not _sharded(model):
+        return None
+    from .sharding import full_state
+
+    return full_state(model, optimizer)
+
+
 def save_training_state(accelerator, model, optimizer, scheduler, *, root: str | Path, step: int,
                         trainer_state: dict[str, Any], keep_last: int | None = None) -> Path:
     """Collective: every rank calls it; rank 0 writes `root/step_N` atomically. Returns the path on
     every rank, or raises the writer's error on every rank (so none waits for a dead writer)."""
     import torch
     import torch.distributed as dist
-    from safetensors.torch import save_model
+    from safetensors.torch import save_file, save_model
 
     multi = accelerator.num_processes > 1
     rngs = [rng_state(accelerator.device)]
@@ -82,22 +97,24 @@ def save_training_state(accelerator, model, optimizer, scheduler, *, root: str |
     opt = _inner_optimizer(optimizer)
     if _is_zero(optimizer):
         opt.consolidate_state_dict(to=0)  # ZeRO: the shards travel to rank 0 (collective)
+    unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
+    whole = _gathered(unwrapped, optimizer)  # FSDP: the shards, gathered on rank 0 (collective)
 
     result: list[Any] = [None]
     if accelerator.is_main_process:
         try:
-            unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
-            opt_state = opt.state_dict()
+            opt_state = whole[1] if whole else opt.state_dict()
             parts: dict[str, Any] = {OPTIMIZER_FILE: opt_state, RNG_FILE: rngs}
             if scheduler is not None:
                 parts[SCHEDULER_FILE] = scheduler.state_dict()
             scaler = getattr(accelerator, "scaler", None)
             if scaler is not None:  # fp16 loss scaling: the scale and its growth tracker
                 parts[SCALER_FILE] = scaler.state_dict()
-            files = {MODEL_FILE: lambda p: save_model(unwrapped, str(p)),
+            files = {MODEL_FILE: (lambda p: save_file(whole[0], str(p))) if whole else
+                     (lambda p: save_model(unwrapped, str(p))),
                      STATE_FILE: lambda p: ck.write_json(p, trainer_state)}
             files.update({name: (lambda p, obj=obj: torch.save(obj, p)) for name, obj in parts.items()})
-            need = (state_bytes(unwrapped.state_dict(), per_tensor=256)
+            need = (state_bytes(whole[0] if whole else unwrapped.state_dict(), per_tensor=256)
                     + sum(state_bytes(obj) + 2048 for obj in parts.values())  # + a zip's framing
                     + len(json.dumps(trainer_state, default=str)) + 1024)
             meta = {"step": int(step), "reason": trainer_state.get("reason", ""),
@@ -140,13 +157,22 @@ def load_training_state(accelerator, model, optimizer, scheduler, info: ck.Check
 
     path, manifest = info.path, info.manifest or ck.read_manifest(info.path)
     unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
+    opt = _inner_optimizer(optimizer)
     try:
-        load_model(unwrapped, ck.checkpoint_file(path, MODEL_FILE, manifest), strict=True)
-    except RuntimeError as e:
+        if _sharded(unwrapped):  # every rank reads the whole state and keeps its shards
+            from safetensors.torch import load_file
+
+            from .sharding import load_full_state
+
+            load_full_state(unwrapped, opt,
+                            load_file(ck.checkpoint_file(path, MODEL_FILE, manifest)),
+                            ck.load_object(path, OPTIMIZER_FILE, manifest))
+        else:
+            load_model(unwrapped, ck.checkpoint_file(path, MODEL_FILE, manifest), strict=True)
+            opt.load_state_dict(ck.load_object(path, OPTIMIZER_FILE, manifest))
+    except (RuntimeError, KeyError) as e:
         raise ck.CheckpointError(f"{path}: {MODEL_FILE} does not fit this model (was it saved from "
                                  f"another model or num_classes?): {str(e).splitlines()[0]}") from None
-    opt = _inner_optimizer(optimizer)
-    opt.load_state_dict(ck.load_object(path, OPTIMIZER_FILE, manifest))
     if scheduler is not None and SCHEDULER_FILE in manifest["files"]:
         scheduler.load_state_dict(ck.load_object(path, SCHEDULER_FILE, manifest))
     scaler = getattr(accelerator, "scaler", None)

@@ -83,6 +83,8 @@ def validate(config: TrainConfig | Mapping[str, Any], *, num_processes: int | No
         raise ConfigError("zero", "got True with num_processes=1: ZeRO shards optimizer state "
                           "across ranks, and one rank has nothing to shard. Use num_processes >= 2 "
                           "or zero=False.")
+    if cfg.sharding == "fsdp":
+        _check_fsdp(cfg, gpu_count)
     if nproc == 1 and cfg.powersgd:
         raise ConfigError("powersgd", "got True with num_processes=1: PowerSGD compresses the "
                           "gradient all-reduce between ranks, and one rank has none. Use "
@@ -93,6 +95,24 @@ def validate(config: TrainConfig | Mapping[str, Any], *, num_processes: int | No
                           "retry in place. Use oom_retry with one process to find the batch size, "
                           "then launch the multi-process run with it.")
     return cfg
+
+
+def _check_fsdp(cfg: Any, gpu_count: int) -> None:
+    """What fit() cannot combine with sharding='fsdp'."""
+    if cfg.mixed_precision == "fp16":
+        raise ConfigError("mixed_precision", "got 'fp16' with sharding='fsdp': fp16's loss scaler "
+                          "does not handle sharded gradients here. Use 'bf16' (no loss scaling) "
+                          "or sharding='zero1'.")
+    if cfg.powersgd:
+        raise ConfigError("powersgd", "got True with sharding='fsdp': PowerSGD is a DDP "
+                          "communication hook, and FSDP reduce-scatters its gradients itself. "
+                          "Use one of the two.")
+    if cfg.compile:
+        raise ConfigError("compile", "got True with sharding='fsdp': fit() compiles through "
+                          "accelerate's DDP path. Use one of the two.")
+    if cfg.offload and gpu_count == 0:
+        raise ConfigError("offload", "got True on a host without a GPU: the parameters live in CPU "
+                          "memory already. Use offload=False (sharding='fsdp' still shards them).")
 
 
 def min_compute_capability() -> tuple[int, int] | None:
