@@ -54,16 +54,17 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, home: Path | None = None, extra: tuple | list = ()) -> None:
+        tmp.mkdir(parents=True, exist_ok=True)
         self.port, self.token = free_port(), secrets.token_hex(16)
         self.base = f"http://127.0.0.1:{self.port}/"
-        self.home = tmp / "home"
+        self.home = home or tmp / "home"
         env = dict(os.environ, GPU_LAB_HOME=str(self.home),
                    JUPYTER_CONFIG_DIR=str(tmp / "cfg"), JUPYTER_RUNTIME_DIR=str(tmp / "rt"))
         cmd = [sys.executable, "-m", "jupyter_server", "--no-browser", "--ip=127.0.0.1",
                f"--port={self.port}", "--ServerApp.port_retries=0",
                f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={tmp}",
-               "--ServerApp.log_level=WARN"]
+               "--ServerApp.log_level=WARN", *extra]
         if os.geteuid() == 0:
             cmd.append("--allow-root")
         self.log = open(tmp / "server.log", "wb")

@@ -854,3 +854,28 @@ def test_prometheus_training_series_of_active_runs(jp_fetch, run_loop, sampler, 
     assert series("gpu_lab_run_last_loss") == {run_id: pytest.approx(2.0 / 50), done: 0.5}
     info = {x.labels["run_id"]: x.labels for x in fams["gpu_lab_run_info"].samples}
     assert info[done]["status"] == "succeeded" and info[run_id]["name"] == "server-test"
+
+
+@pytest.mark.slow  # launches a run
+def test_a_live_run_is_pushed_as_its_recorder_takes_events(jp_ws_fetch, jp_serverapp, run_loop,
+                                                           sampler, gpu_lab_home):
+    """The feed reads a followed run when its recorder publishes, not on a timer: with the poll
+    an hour apart, a launched run's reports still arrive, in order, each once."""
+    import gpu_lab
+    import launch_fns
+
+    feeds = jp_serverapp.web_app.settings["gpu_lab"].feeds
+    feeds.interval = 3600.0
+    run = gpu_lab.launch(launch_fns.train_forever, 0.05, num_processes=1, name="pushed")
+    try:
+        assert run.wait_for_step(2, timeout=120), run.status
+        ws = run_loop(jp_ws_fetch("gpu-lab", "api", "telemetry", "ws"))
+        ws.write_message(json.dumps({"follow": run.id, "after": 0}))
+        head = Registry().last_seq(run.id)
+        st = _run_messages(run_loop, ws, run.id, lambda st: st["seqs"] and
+                           st["seqs"][-1] >= head + 20)
+        assert st["seqs"] == list(range(1, st["seqs"][-1] + 1))  # no gap, no duplicate
+        assert feeds.rings >= 2  # the recorder's publications, not the (hour-long) poll
+        ws.close()
+    finally:
+        run.stop()

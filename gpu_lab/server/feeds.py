@@ -2,10 +2,17 @@
 to every browser that follows it, for one read per run however many browsers follow.
 
 A browser follows a run with {"follow": run_id, "after": seq, "logs": {file: byte offset}}: where
-its run view stopped reading (the view opens with GET runs/<id>, which says both). Every
-FEED_INTERVAL the feed reads, once per followed run, what is new after its own cursor: events
-(registry), whole new lines of the run's log files, and the row's status, reason and error. That is
-encoded once and offered to every follower whose cursor equals the feed's.
+its run view stopped reading (the view opens with GET runs/<id>, which says both). The feed reads,
+once per followed run, what is new after its own cursor: events (registry), whole new lines of the
+run's log files, and the row's status, reason and error. That is encoded once and offered to every
+follower whose cursor equals the feed's.
+
+When does it read? As soon as the run's recorder has taken new events: the recorder writes each
+batch to the registry, then publishes it, and the feed follows that publication (a
+gpu_lab.readers.receiver Receiver, with the run's key) as a doorbell, reading at most every
+MIN_GAP; and at the latest every FEED_INTERVAL, for log lines, status changes, and runs that
+publish nothing it can hear (a headless job, another user's run). The registry stays the only
+source of what is sent, so the guarantees below hold for pushed and polled reads alike.
 
 A follower whose cursor differs is "behind" (it has just followed; its socket was still sending the
 previous message; a log file appeared) and gets a read of its own, at most EVENTS_LIMIT events and
@@ -34,7 +41,9 @@ from gpu_lab.record.events import ACTIVE_STATUSES as ACTIVE
 
 from .runview import EVENTS_LIMIT, event_to_wire, live_mean, log_sizes, read_log, row_to_wire
 
-FEED_INTERVAL = 1.0  # s; a run reports every step, the view redraws at most every 0.25 s
+FEED_INTERVAL = 1.0  # s: the latest a followed run is read again
+MIN_GAP = 0.05       # s: the soonest, after new events rang (a run reporting at 1 kHz costs 20
+                     # reads a second, not a thousand)
 MAX_FOLLOWS = 16     # runs one connection may follow at once
 
 
@@ -71,14 +80,23 @@ class _Feed:
 
 class RunFeeds:
     def __init__(self, registry: Callable[[], Any], executor: Executor, log: logging.Logger,
-                 interval: float = FEED_INTERVAL, sampler: Callable[[], Any] | None = None) -> None:
+                 interval: float = FEED_INTERVAL, sampler: Callable[[], Any] | None = None,
+                 receiver: Callable[[], Any] | None = None, min_gap: float = MIN_GAP) -> None:
         self._registry = registry
         self._sampler = sampler
         self._executor = executor
         self._log = log
         self.interval = interval
+        self.min_gap = min_gap
+        self._receiver_factory = receiver
+        self._receiver: Any = None
         self._feeds: dict[str, _Feed] = {}
         self._task: asyncio.Task | None = None
+        self._loop_ref: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+        self._rung: set[str] = set()   # runs whose recorder published since the last read
+        self._bells: dict[str, Callable[[list], None]] = {}
+        self.rings = 0                 # doorbells heard (a push), for the tests
         self.reads = {"shared": 0, "catchup": 0}  # registry+disk reads, for the load check
         self.messages_sent = 0
 
@@ -110,6 +128,7 @@ class RunFeeds:
             if feed is None:
                 feed = self._feeds[run_id] = _Feed(run_id, **start)
                 self._watch(feed)
+                self._listen(feed)
         cursor = Cursor(int(after), dict(logs))
         feed.followers[follower] = cursor
         if self._task is None or self._task.done():
@@ -126,6 +145,7 @@ class RunFeeds:
             if not feed.followers:
                 del self._feeds[rid]
                 self._unwatch(feed)
+                self._unlisten(feed)
 
     def _open(self, run_id: str) -> dict:
         reg = self._registry()
@@ -153,19 +173,70 @@ class RunFeeds:
             self._sampler().unwatch(feed.watched)
             feed.watched = None
 
+    # --- the doorbell: the run's recorder published new events --------------------------------
+    def _listen(self, feed: _Feed) -> None:
+        """Follow the run's publication (only to know when to read); a run whose recorder this
+        server cannot hear is read every FEED_INTERVAL."""
+        if self._receiver_factory is None or feed.row.get("status") not in ACTIVE:
+            return
+        try:
+            if self._receiver is None:
+                self._receiver = self._receiver_factory()
+            if self._loop_ref is None:
+                self._loop_ref = asyncio.get_running_loop()
+            loop, run_id = self._loop_ref, feed.run_id
+
+            def ring(_events: list) -> None:  # the receiver's thread
+                loop.call_soon_threadsafe(self._ring, run_id)
+
+            self._bells[run_id] = ring
+            self._receiver.follow(run_id, ring, after=feed.cursor.seq)
+        except Exception as e:  # noqa: BLE001 - the poll still reads it
+            self._log.warning("gpu_lab: run %s is read every %.0f s (no live feed: %s)",
+                              feed.run_id, self.interval, e)
+
+    def _unlisten(self, feed: _Feed) -> None:
+        ring = self._bells.pop(feed.run_id, None)
+        if ring is not None and self._receiver is not None:
+            self._receiver.unfollow(feed.run_id, ring)
+
+    def _ring(self, run_id: str) -> None:
+        if run_id in self._feeds:
+            self.rings += 1
+            self._rung.add(run_id)
+            if self._wake is not None:
+                self._wake.set()
+
     # --- the tick -------------------------------------------------------------------------------
     async def _loop(self) -> None:
+        """Read the runs that rang (at most every min_gap), and every run every interval."""
+        self._wake = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        last_all = last = loop.time()
         while self._feeds:
-            await asyncio.sleep(self.interval)
             try:
-                await self.tick()
+                await asyncio.wait_for(self._wake.wait(),
+                                       timeout=max(0.0, last_all + self.interval - loop.time()))
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
+            await asyncio.sleep(max(0.0, last + self.min_gap - loop.time()))
+            everything = loop.time() - last_all >= self.interval
+            only = None if everything else set(self._rung)
+            self._rung.clear()
+            last = loop.time()
+            if everything:
+                last_all = last
+            try:
+                await self.tick(only)
             except Exception:  # noqa: BLE001 - a bad read must not end every other run's feed
                 self._log.exception("gpu_lab: run feed tick failed")
 
-    async def tick(self) -> None:
-        """One round: read what is new for each followed run once, offer it to the followers that
-        are level with the feed, then give each follower that is not its own read."""
-        feeds = list(self._feeds.values())
+    async def tick(self, only: set[str] | None = None) -> None:
+        """One round: read what is new for each followed run (those in `only`, if given) once,
+        offer it to the followers that are level with the feed, then give each follower that is
+        not its own read."""
+        feeds = [f for f in self._feeds.values() if only is None or f.run_id in only]
         if not feeds:
             return
         news = await self._off_loop(self._read_shared, [
@@ -291,6 +362,10 @@ class RunFeeds:
     def close(self) -> None:
         for feed in self._feeds.values():
             self._unwatch(feed)
+            self._unlisten(feed)
         self._feeds.clear()
         if self._task is not None:
             self._task.cancel()
+        if self._receiver is not None:
+            self._receiver.close()
+            self._receiver = None

@@ -25,6 +25,11 @@ class GpuLabServer(Configurable):
         "Expose GPU, host and sampler telemetry under gpu_lab's own names (gpu_lab_gpu_*, "
         "gpu_lab_host_*, gpu_lab_telemetry_*), in base units (bytes, hertz).")).tag(config=True)
 
+    live_push = Bool(True, help=(
+        "Read a followed run as soon as its recorder publishes new events (the run view follows "
+        "within a few hundredths of a second); off: read it once a second, as before.")
+                     ).tag(config=True)
+
     run_metrics = Bool(True, help=(
         "Expose the training runs of the registry (gpu_lab_run_*: status, step, loss, "
         "samples/s, data-wait share, learning rate).")).tag(config=True)

@@ -41,9 +41,16 @@ class ServerState:
         self.sampler_factory = sampler_factory
         self.hub = TelemetryHub(sampler_factory, self.executor, self.log)
         self.feeds = RunFeeds(lambda: self.registry, self.executor, self.log,
-                              sampler=sampler_factory)
+                              sampler=sampler_factory,
+                              receiver=self._receiver if self.settings.live_push else None)
         self._registry: Any = None
         self._sweep_specs: dict[str, dict] = {}  # a sweep's settings never change: read once
+
+    def _receiver(self) -> Any:
+        """The server's own follower of the runs' recorders (the feeds' doorbell)."""
+        from ..readers.receiver import Receiver
+
+        return Receiver(self.registry)
 
     # --- registry -------------------------------------------------------------------------------
     @property
