@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pytest_jupyter.jupyter_server import *  # noqa: F401,F403  (fixtures for this module only)
 
 from gpu_lab.record.registry import Registry
+from gpu_lab.server.runview import COMPARE_POINTS, MAX_COMPARE
 from gpu_lab.telemetry import NVMLSampler, Sampler
 from gpu_lab.telemetry import sampler as sampler_mod
 from gpu_lab.telemetry.doubles import FakeNVML
@@ -454,9 +455,57 @@ def test_compare_names_runs_by_the_config_fields_that_differ(jp_fetch, run_loop,
     assert loss[ids[0]]["step"] == list(range(10))
     for bad in (ids[0], f"{ids[0]},not a run id!"):
         code, msg = _http_error(run_loop, jp_fetch, "compare", runs=bad)
-        assert code == 400 and "2 to 8 run ids" in msg
+        assert code == 400 and f"2 to {MAX_COMPARE} run ids" in msg
     code, msg = _http_error(run_loop, jp_fetch, "compare", runs=f"{ids[0]},nope")
     assert code == 404 and "nope" in msg
+
+
+@pytest.mark.slow  # 50,000 events written first
+def test_a_whole_sweep_compares_each_run_decimated(jp_fetch, run_loop, gpu_lab_home):
+    """Fifty runs overlaid: each is decimated to its share of what is drawn."""
+    reg = Registry()
+    ids = []
+    for i in range(50):
+        rid = f"sw-{i:02d}-{uuid.uuid4().hex[:4]}"
+        reg.create_run(rid, name="sweep", config={"lr": 1e-4 * (i + 1)}, num_processes=1,
+                       status="succeeded")
+        reg.add_metrics([(rid, 0, s, 100.0 + s, "loss", 1.0 / (s + 1)) for s in range(1000)])
+        ids.append(rid)
+    out = _get(run_loop, jp_fetch, "compare", runs=",".join(ids))
+    loss = out["metrics"]["loss"]
+    assert set(loss) == set(ids) and len(out["runs"]) == 50 and out["differ"] == ["lr"]
+    drawn = sum(len(loss[r]["step"]) for r in ids)
+    assert drawn <= COMPARE_POINTS and all(loss[r]["step"][0] == 0 for r in ids)
+    assert all(loss[r]["step"][-1] == 999 for r in ids)  # each run's whole length, decimated
+
+
+@pytest.mark.slow  # 250 runs written first
+def test_the_panel_finds_any_run_and_pages_through_them(jp_fetch, run_loop, gpu_lab_home):
+    reg = Registry()
+    for i in range(250):
+        reg.create_run(f"many-{i:03d}", name=f"trial {i}" if i != 17 else "the-needle",
+                       config={"lr": 0.1 if i % 50 == 0 else 0.01, "model": "tiny_cnn"},
+                       num_processes=1, status="failed" if i % 25 == 0 else "succeeded")
+        reg.update(f"many-{i:03d}", started=1_000_000.0 + i)
+    first = _get(run_loop, jp_fetch, "runs", limit="100")
+    assert first["total"] == 250 and len(first["runs"]) == 100
+    assert first["runs"][0]["id"] == "many-249"  # newest first
+    last = _get(run_loop, jp_fetch, "runs", limit="100", offset="200")
+    assert [r["id"] for r in last["runs"]] == [f"many-{i:03d}" for i in range(49, -1, -1)]
+    assert [r["id"] for r in _get(run_loop, jp_fetch, "runs", q="NEEDLE")["runs"]] == ["many-017"]
+    failed = _get(run_loop, jp_fetch, "runs", status="failed")
+    assert failed["total"] == 10 and {r["status"] for r in failed["runs"]} == {"failed"}
+    lr = _get(run_loop, jp_fetch, "runs", config="lr:0.1")
+    assert sorted(r["id"] for r in lr["runs"]) == [f"many-{i:03d}" for i in (0, 50, 100, 150, 200)]
+    dated = _get(run_loop, jp_fetch, "runs", since="1000100", until="1000103")
+    assert [r["id"] for r in dated["runs"]] == ["many-102", "many-101", "many-100"]
+    both = _get(run_loop, jp_fetch, "runs", q="trial", status="failed", config="model:tiny_cnn")
+    assert both["total"] == 10
+    for bad, words in ((dict(status="finished"), "accepted: pending"),
+                       (dict(config="lr=0.1"), "field:value pairs"),
+                       (dict(since="yesterday"), "seconds since 1970")):
+        code, msg = _http_error(run_loop, jp_fetch, "runs", **bad)
+        assert code == 400 and words in msg, msg
 
 
 def _sweep_rows(reg: Registry, sweep_id: str, trials: dict, seeds: int = 1) -> None:

@@ -11,7 +11,7 @@ export const FINAL_STATUSES = ['succeeded', 'failed', 'stopped', 'lost', 'pruned
 /** points per series a run view or comparison opens with (gpu_lab.server.runview) */
 export const DEFAULT_POINTS = 1000;
 /** the most runs one comparison shows (gpu_lab.server.runview) */
-export const MAX_COMPARE = 8;
+export const MAX_COMPARE = 64;
 /** the series key of the mean over ranks (gpu_lab.server.runview) */
 export const MEAN = 'mean';
 /** the most telemetry samples the server keeps and sends (gpu_lab.server.hub) */

@@ -26,6 +26,7 @@ import fcntl
 import itertools
 import json
 import os
+import re
 import socket
 import sqlite3
 import stat
@@ -33,6 +34,7 @@ import threading
 import time
 import warnings
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 from urllib.parse import quote
@@ -445,10 +447,16 @@ class Registry:
                        f"{', '.join(recent) or '(none)'}")
 
     def list_runs(self, *, status: str | Sequence[str] | None = None, limit: int | None = None,
-                  with_last: bool = False, name: str | None = None) -> list[dict]:
+                  with_last: bool = False, name: str | None = None,
+                  find: "RunQuery | None" = None, offset: int = 0) -> list[dict]:
         """Runs, newest first; `with_last` adds each run's last step and last loss. `name` keeps
-        the runs whose name contains it."""
+        the runs whose name contains it; `find` the runs a search names (RunQuery: text, date
+        range, config values), `offset` skips that many of them (a page)."""
         q, where, args = "SELECT * FROM runs", [], []
+        if find is not None:
+            more, more_args = find.where()
+            where += more
+            args += more_args
         wanted = None
         if status is not None:
             wanted = [status] if isinstance(status, str) else list(status)
@@ -466,17 +474,27 @@ class Registry:
             args.append(name)
         if where:
             q += " WHERE " + " AND ".join(where)
-        q += " ORDER BY started DESC"
+        q += " ORDER BY started DESC, id DESC"
         if limit is not None and wanted is None:
-            q += " LIMIT ?"
-            args.append(int(limit))
+            q += " LIMIT ? OFFSET ?"
+            args += [int(limit), int(offset)]
         rows = [self._as_read(_row(r)) for r in self._conn().execute(q, args).fetchall()]
         if wanted is not None:
-            rows = [r for r in rows if r["status"] in wanted][:limit]
+            rows = [r for r in rows if r["status"] in wanted]
+            rows = rows[offset:offset + limit] if limit is not None else rows[offset:]
         if with_last:
             for r in rows:
                 r.update(_last(r))
         return rows
+
+    def count_runs(self, find: "RunQuery | None" = None) -> int:
+        """How many runs a search names (all of them without one): the total a page is of."""
+        q, args = "SELECT count(*) FROM runs", []
+        if find is not None:
+            where, args = find.where()
+            if where:
+                q += " WHERE " + " AND ".join(where)
+        return int(self._conn().execute(q, args).fetchone()[0])
 
     def delete_run(self, run_id: str) -> None:
         with self._conn() as c:
@@ -861,6 +879,45 @@ def _summary_values(raw: str | None) -> dict:
     if not raw:
         return {}
     return {k: v[1] for k, v in json.loads(raw).items()}
+
+
+@dataclass(frozen=True)
+class RunQuery:
+    """A search of the registry's runs: `text` in the name, id, notebook or any config value
+    (each word, case-insensitive), `status` (a stored status), `since`/`until` (time.time() of
+    the start), and `config` values ({field: value}, compared as JSON: {"lr": 0.1}). What it
+    names is read with the SQL it gives (an index-free scan: 10,000 runs take milliseconds)."""
+
+    text: str = ""
+    status: str | None = None
+    since: float | None = None
+    until: float | None = None
+    config: tuple[tuple[str, Any], ...] = ()
+
+    def where(self) -> tuple[list[str], list[Any]]:
+        where: list[str] = []
+        args: list[Any] = []
+        for word in self.text.lower().split():
+            where.append("(instr(lower(name), ?) > 0 OR instr(lower(id), ?) > 0 OR "
+                         "instr(lower(coalesce(notebook, '')), ?) > 0 OR "
+                         "instr(lower(coalesce(config, '')), ?) > 0)")
+            args += [word] * 4
+        if self.status is not None:
+            where.append("status = ?")
+            args.append(self.status)
+        if self.since is not None:
+            where.append("started >= ?")
+            args.append(float(self.since))
+        if self.until is not None:
+            where.append("started < ?")
+            args.append(float(self.until))
+        for key, value in self.config:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+                raise ValueError(f"config field {key!r}: accepted: a TrainConfig field's name "
+                                 "(letters, digits, _)")
+            where.append(f"json_extract(config, '$.{key}') = json_extract(?, '$')")
+            args.append(json.dumps(value))
+        return where, args
 
 
 def _last(row: dict) -> dict:

@@ -81,7 +81,46 @@ class RunsHandler(_Base):
     @authorized
     async def get(self) -> None:
         limit = self.int_arg("limit", 100, 1, 1000)
-        self.finish(json.dumps(await self.off_loop(self.state.runs_and_sweeps, limit)))
+        offset = self.int_arg("offset", 0, 0, 10**9)
+        self.finish(json.dumps(await self.off_loop(self.state.runs_and_sweeps, limit, offset,
+                                                   self._query())))
+
+    def _query(self) -> Any:
+        """?q=words&status=failed&since=<epoch s>&until=<epoch s>&config=lr:0.1,model:resnet50:
+        a search of the runs (RunQuery), or None without any of them."""
+        from gpu_lab.record.events import STATUSES
+        from gpu_lab.record.registry import RunQuery
+
+        text = self.get_argument("q", "")[:200]
+        status = self.get_argument("status", None) or None
+        if status is not None and status not in STATUSES:
+            raise web.HTTPError(400, f"query parameter status: got {status!r}; accepted: "
+                                     f"{', '.join(STATUSES)}")
+        since, until = (self._float_arg(k) for k in ("since", "until"))
+        config = []
+        for pair in filter(None, self.get_argument("config", "").split(",")):
+            key, sep, raw = pair.partition(":")
+            if not sep or not re.fullmatch(r"[A-Za-z_]\w*", key.strip()):
+                raise web.HTTPError(400, f"query parameter config: got {pair!r}; expected "
+                                         "field:value pairs separated by commas (lr:0.1)")
+            try:
+                value = json.loads(raw)
+            except ValueError:
+                value = raw  # a word: a string value (model:resnet50)
+            config.append((key.strip(), value))
+        if not (text.strip() or status or since is not None or until is not None or config):
+            return None
+        return RunQuery(text=text, status=status, since=since, until=until, config=tuple(config))
+
+    def _float_arg(self, name: str) -> float | None:
+        raw = self.get_argument(name, None)
+        if raw in (None, ""):
+            return None
+        try:
+            return float(raw)
+        except ValueError:
+            raise web.HTTPError(400, f"query parameter {name}: got {raw!r}; expected seconds "
+                                     "since 1970 (a number)") from None
 
 
 class RunHandler(_Base):

@@ -27,7 +27,8 @@ from .wire import json_safe, run_to_wire
 
 DEFAULT_POINTS = 1000
 MAX_POINTS = 5000
-MAX_COMPARE = 8          # runs in one comparison (the lab compares a sweep's best trials)
+MAX_COMPARE = 64         # runs in one comparison: a whole sweep
+COMPARE_POINTS = 8000    # points of one metric over every run of a comparison: what is drawn
 EVENTS_LIMIT = 2000      # events per incremental answer (the rest follows in the next one)
 LOG_TAIL_BYTES = 16 * 1024
 LOG_CHUNK_BYTES = 64 * 1024
@@ -229,9 +230,12 @@ def _active_row(registry: Any, run_id: str, what: str) -> dict:
 # --- comparison ---------------------------------------------------------------------------------------
 def compare(registry: Any, run_ids: list[str], points: int = DEFAULT_POINTS) -> dict:
     """Runs overlaid: for each metric, each run's mean over its ranks (step, seconds since the
-    run started), and the config fields in which the runs differ, which name them in a legend."""
+    run started), and the config fields in which the runs differ, which name them in a legend.
+    Each run is decimated to its share of COMPARE_POINTS (at most `points`): fifty runs cost
+    what is drawn, not fifty times one run's view."""
     from gpu_lab.config import config_diff
 
+    points = max(16, min(points, COMPARE_POINTS // max(1, len(run_ids))))
     rows = []
     for rid in run_ids:
         row = registry.get_run(rid)

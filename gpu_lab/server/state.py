@@ -69,10 +69,11 @@ class ServerState:
 
         return home() / "registry.db"
 
-    def runs_and_sweeps(self, limit: int = 100) -> dict:
-        """The newest `limit` runs, those of a sweep tagged with their trial, and a summary of
-        each sweep among them (sweeps.py)."""
-        rows = self.registry.list_runs(limit=limit, with_last=True)
+    def runs_and_sweeps(self, limit: int = 100, offset: int = 0, find: Any = None) -> dict:
+        """The newest `limit` runs after `offset` of those `find` names (a RunQuery; all without
+        one), those of a sweep tagged with their trial, a summary of each sweep among them
+        (sweeps.py), and how many runs the search names in all (`total`)."""
+        rows = self.registry.list_runs(limit=limit, offset=offset, find=find, with_last=True)
         wire = [run_to_wire(r) for r in rows]
         queued = {w["id"] for w in wire if w["status"] == "queued"}
         if queued:  # who holds what they wait for: read from the host's queue only then
@@ -83,8 +84,10 @@ class ServerState:
                 if w["id"] in holders:
                     w["held_by"] = holders[w["id"]]
         sweeps.tag_runs(wire, rows, self._sweep_specs)
-        return {"runs": wire, "sweeps": sweeps.summaries(self.registry, rows, len(rows) < limit,
-                                                         self._sweep_specs)}
+        whole = len(rows) < limit and offset == 0 and find is None
+        total = len(rows) + offset if len(rows) < limit else self.registry.count_runs(find)
+        return {"runs": wire, "total": total, "offset": offset,
+                "sweeps": sweeps.summaries(self.registry, rows, whole, self._sweep_specs)}
 
     def get_run(self, run_id: str, points: int = runview.DEFAULT_POINTS) -> dict | None:
         """What the run view opens with (runview.detail): row, config, bounded series of every
