@@ -55,7 +55,7 @@ def _flops_per_image(model: str, image_size: int, cache: dict[tuple[str, int], f
         from .models import build
 
         with torch.device("meta"), torch.no_grad():
-            net = build(model, num_classes=1000, image_size=image_size)
+            net = build(model, num_classes=1000, image_size=image_size).eval()  # BatchNorm of 1
             with FlopCounterMode(display=False) as fc:
                 net(torch.randn(1, 3, image_size, image_size))
         cache[key] = 3.0 * fc.get_total_flops()

@@ -84,3 +84,15 @@ def test_a_prepared_loader_brings_its_batches_and_other_tensors_do_not(strict):
         opt.zero_grad()
     with pytest.raises(DeviceMismatch):
         F.mse_loss(model(x), torch.randn(16, 1))  # labels made on the CPU
+
+
+def test_copies_keep_the_device_and_sparse_gradients_leave_it(strict):
+    import copy
+
+    devicecheck._copies_keep_their_device()  # what install() does in a rank
+    model = _model(strict)
+    twin = copy.deepcopy(model)  # a pruned or 16-bit copy starts so
+    assert all(on_device(p) for p in twin.parameters())
+    assert on_device(twin.to(torch.bfloat16)(torch.randn(2, 4, device=strict).bfloat16()))
+    rows = torch.sparse_coo_tensor(torch.tensor([[0, 2]]), torch.tensor([1.0, 2.0]), (4,))
+    assert not on_device(rows.to(strict).cpu())  # a sparse tensor, copied off the device

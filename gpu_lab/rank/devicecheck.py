@@ -73,8 +73,13 @@ def _mark(out: Any) -> Any:
 
 def _off(out: Any) -> Any:
     """`out` off the device: on a CPU, .cpu() of a CPU tensor is the tensor itself, so a device
-    tensor leaves it as a new view of the same memory (autograd follows a view)."""
-    return out.view_as(out) if on_device(out) else out
+    tensor leaves it as a new view of the same memory (autograd follows a view; a sparse tensor,
+    which has no views, as a copy)."""
+    import torch
+
+    if not on_device(out):
+        return out
+    return out.view_as(out) if out.layout == torch.strided else out.clone()
 
 
 def _tensors(args: tuple, kwargs: dict) -> list:
@@ -213,7 +218,47 @@ def install() -> bool:
     m = mode()
     m.__enter__()
     _ACTIVE.append(m)
+    _unchecked_loading()
+    _copies_keep_their_device()
     return True
+
+
+def _copies_keep_their_device() -> None:
+    """copy.deepcopy(model) makes its parameters through Tensor._make_subclass, which no mode
+    sees: a copy of a device tensor is marked as the tensor was (on a GPU it is a GPU tensor)."""
+    import torch
+
+    for cls in (torch.Tensor, torch.nn.Parameter):
+        plain = cls.__dict__.get("__deepcopy__")
+        if plain is None or getattr(plain, "_gpu_lab_marked", False):
+            continue
+
+        def deepcopy(self: Any, memo: dict, _plain: Any = plain) -> Any:
+            out = _plain(self, memo)
+            return _mark(out) if on_device(self) else out
+
+        deepcopy._gpu_lab_marked = True  # type: ignore[attr-defined]
+        cls.__deepcopy__ = deepcopy
+
+
+def _unchecked_loading() -> None:
+    """A DataLoader's fetch (decoding, augmenting, collating samples: CPU work whose tensors the
+    prepared loader then moves) runs without the check, which would cost every sample's every
+    operation a pass through Python and catch nothing there."""
+    import torch
+    from torch.utils.data._utils import fetch
+
+    for cls in (fetch._MapDatasetFetcher, fetch._IterableDatasetFetcher):
+        plain = cls.fetch
+        if getattr(plain, "_gpu_lab_unchecked", False):
+            continue
+
+        def unchecked(self: Any, *args: Any, _plain: Any = plain, **kwargs: Any) -> Any:
+            with torch._C.DisableTorchFunction():
+                return _plain(self, *args, **kwargs)
+
+        unchecked._gpu_lab_unchecked = True  # type: ignore[attr-defined]
+        cls.fetch = unchecked
 
 
 __all__ = ["DeviceMismatch", "VARIABLE", "device", "install", "mode", "on_device", "wanted"]
