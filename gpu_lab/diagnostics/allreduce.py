@@ -189,8 +189,10 @@ def allreduce_bench(sizes: Any = None, num_processes: int | None = None, *, iter
                     warmup: int = 5, dtype: str = "float32", budget_s: float | None = None,
                     timeout: float = 900) -> AllReduceResult:
     """Run the all-reduce benchmark on `num_processes` ranks (default: every GPU, or 2 CPU ranks)
-    through gpu_lab.launch and return its table. `sizes`: see parse_sizes. `budget_s`: the most
-    time spent timing one size (iterations are cut to fit; default 0.5 s, 0.05 s in quick mode)."""
+    through gpu_lab.launch and return its table; a ValueError names the devices it needs where
+    the default is one rank (a host with one device). `sizes`: see parse_sizes. `budget_s`: the
+    most time spent timing one size (iterations are cut to fit; default 0.5 s, 0.05 s in quick
+    mode)."""
     from ..launch import launch
 
     sz = parse_sizes(sizes)
@@ -201,6 +203,16 @@ def allreduce_bench(sizes: Any = None, num_processes: int | None = None, *, iter
     if num_processes is not None and num_processes < 2:
         raise ValueError(f"num_processes: got {num_processes}; accepted: >= 2 (an all-reduce needs "
                          "peers) or None")
+    if num_processes is None:  # the launch's default, resolved here: one rank has no peers
+        from ..machine import default_ranks, shape
+
+        num_processes = default_ranks()
+        if num_processes < 2:
+            here = shape()
+            raise ValueError(
+                f"allreduce_bench: an all-reduce needs 2 ranks, one per device: 2 {here.unit}s; "
+                f"this host has {here.count()}, so num_processes=None gives {num_processes} rank. "
+                f"Run it on a host with 2 {here.unit}s or more")
     if budget_s is None:
         budget_s = 0.05 if quick() else 0.5
     run = launch(_bench_rank, sz, iters, warmup, dtype, budget_s, num_processes=num_processes,

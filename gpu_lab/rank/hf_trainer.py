@@ -92,6 +92,30 @@ def adopt(module: Any) -> None:
 
     wrap(trainer, "__init__", init)
     wrap(trainer, "train", train)
+    _rank_device(module.TrainingArguments)
+
+
+def _rank_device(cls: Any) -> None:
+    """TrainingArguments.device names the rank's device: accelerate's device object wherever the
+    two are equal. With one process transformers makes a device of its own ("cuda:0" on a GPU,
+    where it is accelerate's device too; "cpu" on a CPU rank), and on a CPU rank that checks
+    devices (GPU_LAB_STRICT_DEVICE, gpu_lab.rank.devicecheck) a fresh "cpu" names the host's CPU,
+    not the rank's device: the Trainer's batches, moved there, would meet a model that accelerate
+    put on the rank's device, and a script that runs on a one-GPU server would be refused."""
+    from .imports import DONE
+
+    prop = cls.__dict__.get("device")
+    if not isinstance(prop, property) or getattr(prop.fget, DONE, False):
+        return
+
+    def device(self: Any) -> Any:
+        from .devicecheck import _accelerate_device
+
+        own, acc = prop.fget(self), _accelerate_device()
+        return acc if acc is not None and acc == own else own
+
+    setattr(device, DONE, True)
+    cls.device = property(device, doc=prop.__doc__)
 
 
 _register()
