@@ -30,7 +30,10 @@ _MARK = "_gpu_lab_on_device"
 # and the checks torch makes before such a swap
 CROSSING = frozenset({"__getitem__", "__setitem__", "copy_", "index_put_", "index_put", "__set__",
                       "set_", "_has_compatible_shallow_copy_type", "is_same_size", "is_set_to",
-                      "__deepcopy__", "__reduce_ex__", "__repr__", "__format__"})
+                      "__deepcopy__", "__reduce_ex__", "__repr__", "__format__",
+                      # FSDP2's own copies in and out of its communication buffers, which it
+                      # makes on its device: a library's inner work, right on a GPU
+                      "all_gather_copy_in", "split_with_sizes_copy", "chunk_cat"})
 
 
 class DeviceMismatch(RuntimeError):
@@ -69,6 +72,18 @@ def _mark(out: Any) -> Any:
         for o in out:
             _mark(o)
     return out
+
+
+def active() -> bool:
+    """Whether this process checks devices (GPU_LAB_STRICT_DEVICE in a CPU rank)."""
+    return bool(_ACTIVE)
+
+
+def mark(tensors: Any) -> None:
+    """Count these tensors as living on the device: for a library that places tensors on the
+    device in ways no mode sees (FSDP2 gathers a block's parameters into its own buffers)."""
+    for t in tensors:
+        _mark(t)
 
 
 def _off(out: Any) -> Any:
@@ -261,4 +276,5 @@ def _unchecked_loading() -> None:
         cls.fetch = unchecked
 
 
-__all__ = ["DeviceMismatch", "VARIABLE", "device", "install", "mode", "on_device", "wanted"]
+__all__ = ["DeviceMismatch", "VARIABLE", "active", "device", "install", "mark", "mode", "on_device",
+           "wanted"]

@@ -32,7 +32,20 @@ def shard(model: Any, offload: bool = False) -> Any:
     for block in blocks:
         fully_shard(block, offload_policy=policy)
     fully_shard(model, offload_policy=policy)
+    _keep_checked(model, blocks)
     return model
+
+
+def _keep_checked(model: Any, blocks: list) -> None:
+    """Where a CPU rank checks devices (gpu_lab.rank.devicecheck), the parameters FSDP gathers
+    before each block computes are on the device, as on a GPU: no mode sees FSDP place them."""
+    from ..rank import devicecheck
+
+    if not devicecheck.active():
+        return
+    devicecheck.mark(model.parameters())  # the shards, which the optimizer holds
+    for m in (*blocks, model):  # after FSDP's own pre-forward hook, which gathers them
+        m.register_forward_pre_hook(lambda mod, args: devicecheck.mark(mod.parameters()))
 
 
 def is_sharded(model: Any) -> bool:
