@@ -45,6 +45,19 @@ class Lab:
     log: Path
     gpu_lab_home: Path
     root_dir: Path
+    cmd: Sequence[str] = ()
+    env: dict | None = None
+
+    def stop(self) -> None:
+        """Stop the server as SIGTERM does: its websockets close, and its port."""
+        terminate(self.proc)
+
+    def start(self) -> None:
+        """Start the server again, on the same port with the same token, and wait for it."""
+        with open(self.log, "ab") as fh:
+            self.proc = subprocess.Popen(self.cmd, cwd=ROOT, env=self.env, stdout=fh,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        wait_ready(self)
 
     def get(self, path: str, timeout: float = 30.0) -> tuple[int, bytes, dict]:
         req = urllib.request.Request(self.url + path.lstrip("/"),
@@ -130,10 +143,11 @@ def jupyter_lab(tmp: Path, root_dir: Path, *, argv: Sequence[str] | None = None,
                 "--ServerApp.root_dir={root_dir}", f"--LabApp.workspaces_dir={tmp / 'workspaces'}",
                 *root_flag()]
     cmd = [a.format(port=port, token=token, root_dir=root_dir) for a in argv]
+    full_env = isolated_env(tmp, home, env)
     with open(log, "wb") as fh:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=isolated_env(tmp, home, env), stdout=fh,
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=fh,
                                 stderr=subprocess.STDOUT, start_new_session=True)
-    lab = Lab(f"http://127.0.0.1:{port}/", token, proc, log, home, Path(root_dir))
+    lab = Lab(f"http://127.0.0.1:{port}/", token, proc, log, home, Path(root_dir), cmd, full_env)
     try:
         wait_ready(lab)
         yield lab
@@ -141,4 +155,4 @@ def jupyter_lab(tmp: Path, root_dir: Path, *, argv: Sequence[str] | None = None,
         try:
             stop_active_runs(home)
         finally:
-            terminate(proc)
+            terminate(lab.proc)  # the one running now (Lab.start starts another)

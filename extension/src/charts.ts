@@ -9,9 +9,12 @@
  * and joins them on one x axis. Charts of one view with the same x share a cursor, so a drag zooms
  * all of them to the same x range; a double click (or the view's Reset zoom) shows everything
  * again. The tick labels each axis drew are kept on the chart's node (data-xticks, data-yticks),
- * so a test can read what a person sees.
+ * and so are the steps each series holds (data-steps: "0-57,60-99"), so a test can read what a
+ * person sees.
  */
 import uPlot from 'uplot';
+
+import { clockTicks, formatClock, formatTick, numberTicks } from './ticks';
 
 export interface IChartSeries {
   label: string;
@@ -75,28 +78,6 @@ export function themeColor(name: string, fallback: string): string {
   return v || fallback;
 }
 
-/** Short tick labels: 0.00123 → 1.23e-3, 12345 → 12.3k, 0.5 → 0.5. */
-export function formatTick(v: number | null): string {
-  if (v === null || !Number.isFinite(v)) {
-    return '';
-  }
-  const a = Math.abs(v);
-  if (a === 0) {
-    return '0';
-  }
-  if (a >= 1e6) {
-    return `${+(v / 1e6).toPrecision(3)}M`;
-  }
-  if (a >= 1e4) {
-    return `${+(v / 1e3).toPrecision(3)}k`;
-  }
-  if (a < 1e-3) {
-    return v.toExponential(1).replace(/\.0e/, 'e');
-  }
-  return String(+v.toPrecision(4));
-}
-
-const fmtClock = uPlot.fmtDate('{HH}:{mm}:{ss}');
 const STEP_INCRS = Array.from({ length: 10 }, (_, e) => [1, 2, 5].map(m => m * 10 ** e)).flat();
 
 export class SeriesChart {
@@ -127,6 +108,11 @@ export class SeriesChart {
     this.node.dataset.series = JSON.stringify(
       Object.fromEntries(series.map(s => [s.label, s.x.length]))
     );
+    if (!this._options.time) {
+      this.node.dataset.steps = JSON.stringify(
+        Object.fromEntries(series.map(s => [s.label, stepSpans(s.x)]))
+      );
+    }
     this._empty.style.display = withPoints.length ? 'none' : '';
     if (!withPoints.length) {
       return;
@@ -181,10 +167,9 @@ export class SeriesChart {
           : 36,
       // steps are whole numbers: no tick at step 2.5
       incrs: idx === 0 && !o.time ? STEP_INCRS : undefined,
-      values: (u, splits) => {
-        const labels = splits.map(v =>
-          idx === 0 && o.time ? fmtClock(new Date(v * 1000)) : formatTick(v)
-        );
+      // labels told apart with as many digits (or the date) as uPlot's tick spacing needs
+      values: (u, splits, axisIdx, space, incr) => {
+        const labels = idx === 0 && o.time ? clockTicks(splits, incr) : numberTicks(splits, incr);
         this._ticks[idx] = labels.filter(l => l !== '');
         return labels;
       }
@@ -195,7 +180,7 @@ export class SeriesChart {
       series: [
         {
           label: o.time ? 'time' : 'step',
-          value: (u, v) => (v === null ? '–' : o.time ? fmtClock(new Date(v * 1000)) : String(v))
+          value: (u, v) => (v === null ? '–' : o.time ? formatClock(v) : String(v))
         },
         ...series.map(s => ({
           label: s.label,
@@ -284,4 +269,22 @@ function sortedTable(s: IChartSeries, logY: boolean): uPlot.AlignedData {
     idx.sort((a, b) => s.x[a] - s.x[b]);
   }
   return [idx.map(i => s.x[i]), idx.map(i => s.y[i])];
+}
+
+/** Whole-number x values as runs: [0, 1, 2, 5, 6] → "0-2,5-6", [1, 1, 2] → "1,1-2" (a step
+ *  held twice shows twice); "" where x is not whole numbers (time). */
+function stepSpans(x: ReadonlyArray<number>): string {
+  const sorted = [...x].sort((a, b) => a - b);
+  const out: string[] = [];
+  let start = 0;
+  for (let i = 0; i < sorted.length; i++) {
+    if (!Number.isInteger(sorted[i])) {
+      return '';
+    }
+    if (i + 1 === sorted.length || sorted[i + 1] !== sorted[i] + 1) {
+      out.push(start === i ? `${sorted[i]}` : `${sorted[start]}-${sorted[i]}`);
+      start = i + 1;
+    }
+  }
+  return out.join(',');
 }

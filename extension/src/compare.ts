@@ -1,22 +1,23 @@
 /**
  * Runs compared in the main area: each metric's mean over ranks, one curve per run, named by the
  * config fields in which the runs differ (computed by the server with gpu_lab.config.config_diff).
- * Refreshed every few seconds while any of the runs is still going.
+ * Kept live by its model (comparemodel.ts) while any of the runs is still going; the toolbar says
+ * whether it is live or reconnecting.
  */
 import { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
 import { IChartSeries, PALETTE, SeriesChart, ZoomGroup } from './charts';
-import { GpuLabModel, ICompare, isActive } from './model';
+import { CompareModel } from './comparemodel';
+import { GpuLabModel } from './model';
 import { METRIC_TITLES, metricOrder } from './runview';
-
-const REFRESH_MS = 5000;
 
 export class CompareView extends Widget {
   /** `label`: the tab's title (a sweep's group names its sweep), "Compare N runs" by default. */
   constructor(lab: GpuLabModel, runIds: string[], label?: string) {
     super();
-    this._lab = lab;
+    this._model = new CompareModel(lab, runIds);
+    this._model.changed.connect(this._onChange, this);
     this.runIds = runIds;
     this.id = CompareView.idFor(runIds);
     this.addClass('jp-GpuLab-compareview');
@@ -43,7 +44,9 @@ export class CompareView extends Widget {
     const logLabel = document.createElement('label');
     logLabel.append(this._logY, ' log y');
     this._x.onchange = this._logY.onchange = () => this._rebuild();
-    toolbar.append(this._x, logLabel);
+    this._live = document.createElement('span');
+    this._live.className = 'jp-GpuLab-rv-live';
+    toolbar.append(this._x, logLabel, this._live);
     this._table = document.createElement('table');
     this._table.className = 'jp-GpuLab-cmp-table';
     this._charts = document.createElement('div');
@@ -59,32 +62,44 @@ export class CompareView extends Widget {
   }
 
   dispose(): void {
-    window.clearTimeout(this._timer);
+    if (this.isDisposed) {
+      return;
+    }
+    this._model.dispose();
     this._rebuild(false);
     super.dispose();
   }
 
   protected onAfterAttach(msg: Message): void {
     super.onAfterAttach(msg);
-    void this.refresh();
+    this._model.refresh();
   }
 
   protected onBeforeDetach(msg: Message): void {
-    window.clearTimeout(this._timer);
+    this._model.pause();
     super.onBeforeDetach(msg);
   }
 
-  async refresh(): Promise<void> {
-    window.clearTimeout(this._timer);
-    try {
-      this._data = await this._lab.compare(this.runIds);
-    } catch (error) {
-      this._header.textContent = `Could not compare these runs: ${(error as Error).message}`;
-      return;
-    }
-    this._render();
-    if (this._data.runs.some(r => isActive(r.status)) && this.isAttached) {
-      this._timer = window.setTimeout(() => void this.refresh(), REFRESH_MS);
+  /** Fetch the comparison now (and keep it live while a run is active). */
+  refresh(): void {
+    this._model.refresh();
+  }
+
+  private _onChange(): void {
+    const m = this._model;
+    this.node.dataset.state = m.state;
+    this._live.textContent = {
+      connecting: 'loading…',
+      live: 'live',
+      reconnecting: 'reconnecting…',
+      ended: '',
+      refused: ''
+    }[m.state];
+    this._live.title = m.error ?? '';
+    if (m.state === 'refused') {
+      this._header.textContent = `Could not compare these runs: ${m.error}`;
+    } else {
+      this._render();
     }
   }
 
@@ -100,7 +115,7 @@ export class CompareView extends Widget {
   }
 
   private _render(): void {
-    const d = this._data;
+    const d = this._model.data;
     if (!d) {
       return;
     }
@@ -180,7 +195,7 @@ export class CompareView extends Widget {
     }
   }
 
-  private _lab: GpuLabModel;
+  private _model: CompareModel;
   private _header: HTMLDivElement;
   private _table: HTMLTableElement;
   private _x: HTMLSelectElement;
@@ -188,6 +203,5 @@ export class CompareView extends Widget {
   private _charts: HTMLDivElement;
   private _chartByMetric = new Map<string, SeriesChart>();
   private _zoom = new ZoomGroup();
-  private _data: ICompare | null = null;
-  private _timer = 0;
+  private _live: HTMLSpanElement;
 }

@@ -10,7 +10,7 @@ import { Widget } from '@lumino/widgets';
 
 import { CompareView } from './compare';
 import { newTrainingNotebook } from './launcher';
-import { GpuLabModel, IRun, isActive } from './model';
+import { GpuLabModel, IInfo, IRun, isActive } from './model';
 import { RunEndNotices } from './notices';
 import { GpuLabPanel } from './panel';
 import { RunViewModel } from './runmodel';
@@ -113,7 +113,14 @@ const plugin: JupyterFrontEndPlugin<GpuLabModel> = {
       label: 'GPU Lab: Open Tutorials Index',
       caption: 'Open the tutorials index notebook',
       execute: async () => {
-        const info = await model.info();
+        let info: IInfo;
+        try {
+          info = await model.info();
+        } catch (error) {
+          // a click, not a poll: say so now rather than retry behind the user's back
+          Notification.error(`GPU Lab: could not reach the server: ${(error as Error).message}`);
+          return;
+        }
         if (!info.tutorials_index) {
           Notification.warning(
             'GPU Lab: no tutorials index (00_overview.ipynb) under the server root. ' +
@@ -170,7 +177,7 @@ const plugin: JupyterFrontEndPlugin<GpuLabModel> = {
         const open = compares.find(w => w.content.id === CompareView.idFor(runIds));
         if (open) {
           shell.activateById(open.id);
-          void open.content.refresh();
+          open.content.refresh();
           return open;
         }
         return addToMain(new CompareView(model, runIds, args.title as string), compares);
@@ -182,7 +189,13 @@ const plugin: JupyterFrontEndPlugin<GpuLabModel> = {
         args.isLauncher ? 'GPU Lab training run' : 'GPU Lab: New Training Run Notebook',
       caption: "A new notebook with a LaunchPanel: a form for the run's config and a Launch button",
       icon: gpuLabIcon,
-      execute: args => newTrainingNotebook(app, (args.cwd as string) ?? '')
+      execute: async args => {
+        try {
+          return await newTrainingNotebook(app, (args.cwd as string) ?? '');
+        } catch (error) {
+          Notification.error(`GPU Lab: could not make the notebook: ${(error as Error).message}`);
+        }
+      }
     });
     if (launcher) {
       launcher.add({

@@ -4,14 +4,17 @@
  * One websocket per browser tab streams telemetry (the server fans its one shared sampler out to
  * every tab) and the runs that open run views follow (the server reads each run once for every
  * tab that follows it); the runs list is polled, because the registry is a SQLite file written by
- * other processes. The side panel and status bar subscribe to the signals; run views keep their
- * own model (runmodel.ts) over this one.
+ * other processes. Both survive a server that goes away: the socket reopens and follows each run
+ * again from where its view stands, the poll backs off and resumes (retry.ts). The side panel and
+ * status bar subscribe to the signals; run views keep their own model (runmodel.ts) over this one.
  */
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
+import { Poll } from '@lumino/polling';
 import { ISignal, Signal } from '@lumino/signaling';
 
 import { ACTIVE_STATUSES, DEFAULT_POINTS, RunStatus } from './facts';
+import { backoff, errorText, LiveState } from './retry';
 
 /** Host stats, named as gpu_lab.telemetry names them. */
 export interface IHostStats {
@@ -288,19 +291,26 @@ export interface IInfo {
 /** Samples kept for the sparklines: two minutes at the default 1 s interval. */
 export const HISTORY_LENGTH = 120;
 const RUNS_POLL_MS = 2000;
-const RECONNECT_MAX_MS = 30000;
+/** the socket's first retry; then ×2 per failure, at most SOCKET_RETRY_MAX_MS apart */
+const SOCKET_RETRY_MS = 1000;
+const SOCKET_RETRY_MAX_MS = 10000;
 
-/** GET/POST a gpu_lab endpoint; throws an Error carrying the server's message on failure. */
+/** GET/POST a gpu_lab endpoint; throws an Error carrying the server's message on failure (a
+ * NetworkError when the connection failed, the body's reading included). */
 export async function requestAPI<T>(path: string, init: RequestInit = {}): Promise<T> {
   const settings = ServerConnection.makeSettings();
   const url = URLExt.join(settings.baseUrl, 'gpu-lab', path);
   let response: Response;
+  let text: string;
   try {
     response = await ServerConnection.makeRequest(url, init, settings);
+    // the body can fail after the headers came: a server stopped mid-reply
+    text = await response.text();
   } catch (error) {
-    throw new ServerConnection.NetworkError(error as TypeError);
+    throw error instanceof ServerConnection.NetworkError
+      ? error
+      : new ServerConnection.NetworkError(error as TypeError);
   }
-  const text = await response.text();
   let data: unknown = text;
   try {
     data = text ? JSON.parse(text) : {};
@@ -317,6 +327,27 @@ export async function requestAPI<T>(path: string, init: RequestInit = {}): Promi
 export class GpuLabModel {
   constructor(options: { interval?: number } = {}) {
     this._interval = options.interval ?? 1;
+    this._runsPoll = new Poll({
+      name: 'gpu_lab:runs',
+      auto: false,
+      factory: () => this._fetchRuns(),
+      frequency: backoff(RUNS_POLL_MS),
+      standby: 'when-hidden'
+    });
+    // the socket: opened again a second after it closes, backing off while that fails; a tick
+    // while it is open or opening does nothing
+    this._socketPoll = new Poll({
+      name: 'gpu_lab:socket',
+      auto: false,
+      factory: () => this._openSocket(),
+      standby: () => (this._socket ? true : 'when-hidden')
+    });
+    // set after construction: Poll's constructor raises any max below its own 30 s default
+    this._socketPoll.frequency = {
+      interval: SOCKET_RETRY_MS,
+      backoff: 2,
+      max: SOCKET_RETRY_MAX_MS
+    };
   }
 
   /** Emitted for every telemetry sample. */
@@ -332,6 +363,25 @@ export class GpuLabModel {
   /** Emitted when the telemetry connection state changes (true: streaming). */
   get connectionChanged(): ISignal<this, boolean> {
     return this._connectionChanged;
+  }
+
+  /** Emitted when `state` changes. */
+  get stateChanged(): ISignal<this, LiveState> {
+    return this._stateChanged;
+  }
+
+  /** What the lab's live parts are doing: live once the socket is open and the runs poll
+   *  succeeds, reconnecting while either fails. */
+  get state(): LiveState {
+    if (!this._connected || this._runsError !== null) {
+      return this._everConnected ? 'reconnecting' : 'connecting';
+    }
+    return 'live';
+  }
+
+  /** Why the lab is reconnecting (the last failure), or null. */
+  get stateReason(): string | null {
+    return this._runsError ?? (this._connected ? null : this._socketError);
   }
 
   get latest(): ISample | null {
@@ -365,27 +415,41 @@ export class GpuLabModel {
       return;
     }
     this._started = true;
-    this._connect();
-    void this.refreshRuns();
-    this._runsTimer = window.setInterval(() => void this.refreshRuns(), RUNS_POLL_MS);
+    void this._socketPoll.start();
+    void this._runsPoll.start();
   }
 
+  /** The runs list now (the poll's next tick, moved up); the last one known if that fails. */
   async refreshRuns(): Promise<IRun[]> {
-    if (this._runsInFlight) {
-      return this._runs;
-    }
-    this._runsInFlight = true;
     try {
-      const reply = await requestAPI<{ runs: IRun[]; sweeps?: Record<string, ISweep> }>('api/runs');
-      this._runs = reply.runs;
-      this._sweeps = reply.sweeps ?? {};
-      this._runsChanged.emit(this._runs);
-    } catch (error) {
-      console.warn('gpu_lab: could not list runs', error);
-    } finally {
-      this._runsInFlight = false;
+      await this._runsPoll.refresh();
+      await this._runsPoll.tick;
+    } catch {
+      // disposed: the last list known
     }
     return this._runs;
+  }
+
+  /** One poll of the runs list: throws on failure, so that the poll backs off. */
+  private async _fetchRuns(): Promise<void> {
+    const asked = ++this._runsAsked;
+    try {
+      const reply = await requestAPI<{ runs: IRun[]; sweeps?: Record<string, ISweep> }>('api/runs');
+      if (asked < this._runsApplied || this._disposed) {
+        return; // a newer reply is in (a refresh overtook this poll)
+      }
+      this._runsApplied = asked;
+      this._runs = reply.runs;
+      this._sweeps = reply.sweeps ?? {};
+      this._setRunsError(null);
+      this._runsChanged.emit(this._runs);
+    } catch (error) {
+      if (!this._disposed && asked > this._runsApplied) {
+        console.warn('gpu_lab: could not list runs; retrying', error);
+        this._setRunsError(errorText(error));
+      }
+      throw error;
+    }
   }
 
   async stopRun(id: string): Promise<IRun> {
@@ -465,13 +529,15 @@ export class GpuLabModel {
       return;
     }
     this._disposed = true;
-    window.clearInterval(this._runsTimer);
-    window.clearTimeout(this._reconnectTimer);
+    this._runsPoll.dispose();
+    this._socketPoll.dispose();
     this._socket?.close();
     Signal.clearData(this);
   }
 
-  private _connect(): void {
+  /** Open the socket: resolves once it is open, rejects if it closes before (the poll backs
+   *  off). Opened again, it follows each run from where its view stands now. */
+  private _openSocket(): Promise<void> {
     const settings = ServerConnection.makeSettings();
     let url = URLExt.join(settings.wsUrl, 'gpu-lab', 'api', 'telemetry', 'ws');
     url += `?interval=${this._interval}`;
@@ -480,24 +546,32 @@ export class GpuLabModel {
     if (settings.token && settings.appendToken) {
       url += `&token=${encodeURIComponent(settings.token)}`;
     }
-    const socket = new WebSocket(url);
-    this._socket = socket;
-    socket.onopen = () => {
-      this._backoff = 1000;
-      for (const runId of this._follows.keys()) {
-        this._sendFollow(runId);
-      }
-      this._setConnected(true);
-    };
-    socket.onmessage = event => this._onMessage(event.data);
-    socket.onclose = () => {
-      this._setConnected(false);
-      if (this._disposed) {
-        return;
-      }
-      this._reconnectTimer = window.setTimeout(() => this._connect(), this._backoff);
-      this._backoff = Math.min(RECONNECT_MAX_MS, this._backoff * 2);
-    };
+    return new Promise<void>((resolve, reject) => {
+      const socket = new WebSocket(url);
+      this._socket = socket;
+      socket.onopen = () => {
+        const again = this._everConnected;
+        this._everConnected = true;
+        this._socketError = null;
+        for (const runId of this._follows.keys()) {
+          this._sendFollow(runId);
+        }
+        this._setConnected(true);
+        if (again) {
+          void this._runsPoll.refresh(); // back: the list at once, not after the poll's backoff
+        }
+        resolve();
+      };
+      socket.onmessage = event => this._onMessage(event.data);
+      socket.onclose = event => {
+        if (this._socket === socket) {
+          this._socket = null;
+        }
+        this._socketError = `websocket closed (code ${event.code})`;
+        this._setConnected(false);
+        reject(new Error(this._socketError)); // nothing if it had opened
+      };
+    });
   }
 
   private _onMessage(data: string): void {
@@ -542,9 +616,23 @@ export class GpuLabModel {
   }
 
   private _setConnected(value: boolean): void {
-    if (value !== this._connected) {
+    if (value !== this._connected && !this._disposed) {
+      const was = this.state;
       this._connected = value;
       this._connectionChanged.emit(value);
+      this._emitState(was);
+    }
+  }
+
+  private _setRunsError(error: string | null): void {
+    const was = this.state;
+    this._runsError = error;
+    this._emitState(was);
+  }
+
+  private _emitState(was: LiveState): void {
+    if (this.state !== was) {
+      this._stateChanged.emit(this.state);
     }
   }
 
@@ -559,14 +647,19 @@ export class GpuLabModel {
   private _started = false;
   private _disposed = false;
   private _connected = false;
+  private _everConnected = false;
   private _socket: WebSocket | null = null;
-  private _backoff = 1000;
-  private _reconnectTimer = 0;
-  private _runsTimer = 0;
-  private _runsInFlight = false;
+  private _socketError: string | null = null;
+  private _socketPoll: Poll;
+  private _runsPoll: Poll;
+  /** runs requests made, and the newest whose reply is shown */
+  private _runsAsked = 0;
+  private _runsApplied = 0;
+  private _runsError: string | null = null;
   private _telemetryChanged = new Signal<this, ISample>(this);
   private _runsChanged = new Signal<this, IRun[]>(this);
   private _connectionChanged = new Signal<this, boolean>(this);
+  private _stateChanged = new Signal<this, LiveState>(this);
 }
 
 /** "3.2 GiB" from MiB. */

@@ -331,8 +331,8 @@ export class GpuLabPanel extends Widget {
     super.onAfterAttach(msg);
     this._model.telemetryChanged.connect(this._onSample, this);
     this._model.runsChanged.connect(this._onRuns, this);
-    this._model.connectionChanged.connect(this._onConnection, this);
-    this._onConnection(this._model, this._model.connected);
+    this._model.stateChanged.connect(this._onState, this);
+    this._onState();
     if (this._model.latest) {
       this._onSample(this._model, this._model.latest);
     }
@@ -350,13 +350,17 @@ export class GpuLabPanel extends Widget {
   protected onBeforeDetach(msg: Message): void {
     this._model.telemetryChanged.disconnect(this._onSample, this);
     this._model.runsChanged.disconnect(this._onRuns, this);
-    this._model.connectionChanged.disconnect(this._onConnection, this);
+    this._model.stateChanged.disconnect(this._onState, this);
     super.onBeforeDetach(msg);
   }
 
-  private _onConnection(_: GpuLabModel, connected: boolean): void {
-    this._conn.textContent = connected ? 'live' : 'reconnecting…';
-    this._conn.classList.toggle('jp-mod-live', connected);
+  /** live, or what it waits for (the socket, or the runs list: the last failure in the title) */
+  private _onState(): void {
+    const state = this._model.state;
+    this._conn.textContent = state === 'live' ? 'live' : `${state}…`;
+    this._conn.title = this._model.stateReason ?? '';
+    this._conn.dataset.state = state;
+    this._conn.classList.toggle('jp-mod-live', state === 'live');
   }
 
   private _onSample(_: GpuLabModel, sample: ISample): void {

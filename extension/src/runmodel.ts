@@ -4,9 +4,11 @@
  * It opens with the server's summary of the run (GET runs/<id>: bounded series of every rank and
  * their mean, notes, failure triage, log tails) and the server's recent telemetry, then follows the
  * run over the tab's websocket from where that summary stopped (the server pushes only what is
- * new). While the websocket is down it polls the REST endpoints instead. No DOM here: the view
- * (runview.ts) listens to `changed`.
+ * new). While the websocket is down it polls the REST endpoints instead, from where it stands;
+ * every request backs off and tries again when it fails (retry.ts), and `feed` says which of
+ * these is going on. No DOM here: the view (runview.ts) listens to `changed`.
  */
+import { Poll } from '@lumino/polling';
 import { ISignal, Signal } from '@lumino/signaling';
 
 import { BoundedSeries } from './decimate';
@@ -23,6 +25,7 @@ import {
   ISample,
   ISeriesPoints
 } from './model';
+import { backoff, errorText, IRetrying, retrying } from './retry';
 
 /** Points kept per series in the browser: twice what the server sends to start with. */
 const KEEP_POINTS = 2 * DEFAULT_POINTS;
@@ -32,8 +35,14 @@ const NOTES_KEEP = 200;
 /** Seconds of telemetry before a run's start and after its end that the view keeps. */
 const TELEMETRY_MARGIN = 5;
 const POLL_MS = 2000;
+/** pages of events one poll reads at most (the server sends a page at a time) */
+const POLL_PAGES = 20;
 
-export type Change = 'row' | 'series' | 'logs' | 'notes' | 'telemetry' | 'error';
+export type Change = 'row' | 'series' | 'logs' | 'notes' | 'telemetry' | 'error' | 'feed';
+
+/** How the view gets the run: loading it, pushed over the websocket, polling the REST endpoints
+ *  (websocket down), or retrying a request that failed. */
+export type FeedState = 'connecting' | 'live' | 'polling' | 'reconnecting';
 
 /** One metric: a series per rank ("0", "1", ...) and their mean ("mean"). */
 export type MetricSeries = Map<string, BoundedSeries>;
@@ -77,6 +86,9 @@ export class RunViewModel {
   /** messages received over the websocket (the tests read it) */
   feedMessages = 0;
   error: string | null = null;
+  feed: FeedState = 'connecting';
+  /** the last failure while `feed` is reconnecting */
+  feedError: string | null = null;
 
   get changed(): ISignal<this, Change> {
     return this._changed;
@@ -91,9 +103,20 @@ export class RunViewModel {
     return !!this.row && isActive(this.row.status);
   }
 
-  /** Load the run, then follow it live. Throws if the run cannot be loaded. */
+  /** Load the run (retrying while the server cannot be reached), then follow it live. Throws
+   *  if the server refuses (no such run). */
   async open(): Promise<void> {
-    const detail = await this.lab.getRun(this.runId, DEFAULT_POINTS);
+    this._loading = retrying(
+      `gpu_lab:run ${this.runId}`,
+      () => this.lab.getRun(this.runId, DEFAULT_POINTS),
+      {
+        onFailure: error => this._setFeed('reconnecting', error)
+      }
+    );
+    const detail = await this._loading.promise;
+    if (this._disposed) {
+      return;
+    }
     this._applyDetail(detail);
     try {
       const tel = await this.lab.telemetryHistory(MAX_TELEMETRY_HISTORY);
@@ -118,7 +141,9 @@ export class RunViewModel {
     }
     this._disposed = true;
     this._follow?.dispose();
-    window.clearInterval(this._pollTimer);
+    this._loading?.dispose();
+    this._triage?.dispose();
+    this._poll.dispose();
     this.lab.telemetryChanged.disconnect(this._onSample, this);
     this.lab.connectionChanged.disconnect(this._onConnection, this);
     Signal.clearData(this);
@@ -260,10 +285,15 @@ export class RunViewModel {
     }
     if (wasActive && !this.isActive && this.row.status === 'failed' && !this.failure) {
       // the triage is read from the run folder once the run has failed
-      void this.lab.getRun(this.runId, 4).then(d => {
-        this.failure = d.failure;
-        this._changed.emit('row');
-      });
+      this._triage?.dispose();
+      this._triage = retrying(`gpu_lab:triage ${this.runId}`, () => this.lab.getRun(this.runId, 4));
+      this._triage.promise.then(
+        d => {
+          this.failure = d.failure;
+          this._changed.emit('row');
+        },
+        error => console.warn('gpu_lab: no triage for this run', error)
+      );
     }
   }
 
@@ -364,43 +394,82 @@ export class RunViewModel {
 
   // --- without the websocket: poll ------------------------------------------------------------
   private _onConnection(_: GpuLabModel, connected: boolean): void {
-    window.clearInterval(this._pollTimer);
-    if (!connected && !this._disposed) {
-      this._pollTimer = window.setInterval(() => void this._poll(), POLL_MS);
+    if (this._disposed) {
+      return;
+    }
+    if (connected) {
+      // the socket follows the run again from this.seq (model.ts asks the cursor on reopening)
+      void this._poll.stop();
+      this._setFeed('live');
+    } else {
+      // before the lab's socket first opens, the view is loading, not reconnecting
+      this._setFeed(this.lab.state === 'connecting' ? 'connecting' : 'reconnecting');
+      void this._poll.start();
     }
   }
 
-  private async _poll(): Promise<void> {
-    if (this._polling) {
-      return;
-    }
-    this._polling = true;
+  /** One poll: the events after this.seq (page after page), the row, the logs' new lines.
+   *  Throws on failure, so that the poll backs off. */
+  private async _pollOnce(): Promise<void> {
     try {
-      const page = await this.lab.runEvents(this.runId, this.seq);
-      this._applyEvents(page.events);
-      if (page.mean) {
-        this._applyMean(page.mean);
+      for (let pages = 0; pages < POLL_PAGES; pages++) {
+        const page = await this.lab.runEvents(this.runId, this.seq);
+        if (this.lab.connected || this._disposed) {
+          return; // the socket is back and catches up from where the view stood when it opened
+        }
+        this._applyEvents(page.events);
+        if (page.mean) {
+          this._applyMean(page.mean);
+        }
+        this._setRow(page.run);
+        if (!page.more) {
+          break;
+        }
       }
-      this._setRow(page.run);
       for (const [file, buf] of this.logs) {
         const chunk = await this.lab.readLog(this.runId, file, buf.to);
+        if (this.lab.connected || this._disposed) {
+          return;
+        }
         if (chunk.text) {
           this._addLog(chunk);
           this._changed.emit('logs');
         }
       }
+      if (!this.lab.connected) {
+        this._setFeed('polling');
+      }
     } catch (error) {
-      console.warn('gpu_lab: run view poll failed', error);
-    } finally {
-      this._polling = false;
+      if (!this.lab.connected) {
+        console.warn('gpu_lab: run view poll failed; retrying', error);
+        this._setFeed('reconnecting', error);
+      }
+      throw error;
     }
+  }
+
+  private _setFeed(feed: FeedState, error?: unknown): void {
+    const text = error === undefined ? null : errorText(error);
+    if (this._disposed || (feed === this.feed && text === this.feedError)) {
+      return;
+    }
+    this.feed = feed;
+    this.feedError = text;
+    this._changed.emit('feed');
   }
 
   private _changed = new Signal<this, Change>(this);
   private _lastStep: number | null = null;
   private _follow: { dispose: () => void } | null = null;
-  private _pollTimer = 0;
-  private _polling = false;
+  private _poll = new Poll({
+    name: 'gpu_lab:run view poll',
+    auto: false,
+    factory: () => this._pollOnce(),
+    frequency: backoff(POLL_MS),
+    standby: 'when-hidden'
+  });
+  private _loading: IRetrying<IRunDetail> | null = null;
+  private _triage: IRetrying<IRunDetail> | null = null;
   private _disposed = false;
 }
 

@@ -12,7 +12,7 @@ import { BoundedSeries } from './decimate';
 import { el } from './dom';
 import { formatDuration, IRun, isActive, statusText } from './model';
 import { MEAN } from './facts';
-import { Change, RunViewModel } from './runmodel';
+import { Change, FeedState, RunViewModel } from './runmodel';
 
 const REDRAW_MS = 250;
 
@@ -245,9 +245,9 @@ export class RunView extends Widget {
     if (dirty.has('logs')) {
       this._renderLogs();
     }
-    this._live.textContent = m.isActive
-      ? `live · ${m.lab.connected ? 'pushed by the server' : 'polling (websocket down)'}`
-      : '';
+    this._live.textContent = feedText(m.feed, m.isActive);
+    this._live.title = m.feedError ?? '';
+    this.node.dataset.feed = m.feed;
     this.node.dataset.feedMessages = String(m.feedMessages);
   }
 
@@ -702,6 +702,20 @@ export class RunView extends Widget {
   private _lastDraw = 0;
   /** the record's seq when Checkpoint now was pressed (0: not waiting for a save) */
   private _checkpointAskedAt = 0;
+}
+
+/** What the view says of how it gets the run (an ended run that is live says nothing). */
+function feedText(feed: FeedState, active: boolean): string {
+  switch (feed) {
+    case 'connecting':
+      return 'loading…';
+    case 'reconnecting':
+      return 'reconnecting…';
+    case 'polling':
+      return active ? 'live · polling (websocket down)' : '';
+    case 'live':
+      return active ? 'live · pushed by the server' : '';
+  }
 }
 
 /** A `dropped` note: reports lost on the way (the run reported faster than it could be recorded)
