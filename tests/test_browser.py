@@ -638,23 +638,22 @@ def _sweep_scenario(page, lab, sw, reg) -> dict:
     group.locator(".jp-GpuLab-sweep-trials").wait_for(state="hidden")
     group.locator("button.jp-GpuLab-sweep-toggle").click()
     group.locator(".jp-GpuLab-sweep-trials").wait_for(state="visible")
-    # 5. its Compare: the comparison of its best 8 trials, named by the parameters searched -----
+    # 5. its Compare: the comparison of all its trials, named by the parameters searched -------
     compare = group.locator("button.jp-GpuLab-sweep-compare")
-    assert "best 8 of these 12 runs" in compare.get_attribute("title")
+    assert "Compare the curves of these runs" in compare.get_attribute("title")
     compare.click()
     cmp = page.locator(".jp-GpuLab-compareview:visible")
     cmp.locator('.jp-GpuLab-chart[data-metric="loss"] canvas').wait_for()
     rows = {tr.get_attribute("data-run-id"): tr.inner_text()
             for tr in cmp.locator("tr[data-run-id]").all()}
     value = {r["id"]: r["summary"].get("accuracy", float("-inf")) for r in tagged}
-    assert len(rows) == 8 and set(rows) <= set(value), rows
-    assert min(value[i] for i in rows) >= max(v for i, v in value.items() if i not in rows)
-    assert all(r["status"] in rows[r["id"]] for r in tagged if r["id"] in rows), rows
+    assert set(rows) == set(value), rows  # the whole sweep (up to MAX_COMPARE runs)
+    assert all(r["status"] in rows[r["id"]] for r in tagged), rows
     differ = cmp.locator(".jp-GpuLab-cmp-differ").inner_text()
     assert "lr" in differ, differ
     assert page.locator(".lm-TabBar-tab.lm-mod-current", has_text="Compare lr and optimizer")\
         .count() == 1
-    assert len(_series_points(cmp, "loss")) == 8
+    assert len(_series_points(cmp, "loss")) == 12
     _shot(page, "sweep-3-compare")
     return {"sweep": sw.id, "statuses": shown, "pruned": pruned, "line": line,
             "best": best.value, "compare_differ": differ}
@@ -793,6 +792,89 @@ def _restart_scenario(page, lab, long, short, reg) -> dict:  # noqa: C901 (one s
     _shot(page, "restart-4-stopped")
     return {"run": long.id, "away_s": round(away, 1), "reported_while_away": during,
             "before": before, "steps": want, "ticks": ticks}
+
+
+# --- every run within reach: search, pages, a sweep of 50 compared ----------------------------
+def test_the_panel_finds_an_old_run_among_hundreds_and_compares_fifty(tmp_path, gpu_lab_home,
+                                                                       browser):
+    """Issue 60: with 300 runs in the registry the panel lists the newest 100, pages back
+    through the rest, finds the oldest by a word of its name and by a config value, filters by
+    status, and a comparison overlays the 50 runs of a sweep, each decimated."""
+    from gpu_lab.record.registry import Registry
+
+    root = tmp_path / "lab-root"
+    root.mkdir()
+    with jupyter_lab(tmp_path, root, env={"GPU_LAB_QUICK": "1"}, name="browser-many") as lab:
+        reg = Registry(lab.gpu_lab_home / "registry.db")
+        t0 = time.time() - 300 * 60
+        for i in range(300):
+            rid = f"old-{i:03d}"
+            sweep = i >= 250  # the newest 50: one sweep's trials
+            reg.create_run(rid, name="the-oldest-run" if i == 0 else
+                           (f"lr-sweep trial {i}" if sweep else f"run {i}"),
+                           config={"lr": 1e-4 * (1 + i % 50), "batch_size": 7 if i == 0 else 32},
+                           num_processes=1, status="failed" if i % 40 == 1 else "succeeded")
+            reg.update(rid, started=t0 + i * 60, ended=t0 + i * 60 + 30)
+            reg.add_events(rid, [{"rank": 0, "kind": "metric", "t": t0 + i * 60 + s, "step": s,
+                                  "data": {"loss": 2.0 / (1 + s) + i * 1e-3}}
+                                 for s in range(400)], checked=True)
+        with _page(browser, {"width": 1600, "height": 1000}, "many-") as (page, console):
+            facts = _many_runs_scenario(page, lab)
+        (ARTIFACTS / "browser-many.json").write_text(json.dumps(facts, indent=1))
+        assert not page_errors(console), console
+
+
+def _many_runs_scenario(page, lab) -> dict:
+    page.goto(f"{lab.url}lab?token={lab.token}")
+    page.wait_for_selector("#jp-main-dock-panel", state="visible", timeout=120_000)
+    _show_panel(page)
+    panel = page.locator("#gpu-lab-panel")
+    pages = panel.locator(".jp-GpuLab-page")
+
+    def ids() -> list[str]:  # read at once: the list may be redrawn between two reads
+        return page.evaluate("() => [...document.querySelectorAll('#gpu-lab-panel .jp-GpuLab-run')]"
+                             ".map(e => e.dataset.runId)")
+
+    # 1. the newest 100 of 300, then the next page, and back ----------------------------------
+    wait_until(lambda: pages.inner_text() == "1–100 of 300", 60, what="the first page")
+    assert ids()[0] == "old-299" and len(ids()) == 100
+    panel.locator("button.jp-GpuLab-older").click()
+    wait_until(lambda: pages.inner_text() == "101–200 of 300", 30, what="the second page")
+    assert ids()[0] == "old-199"
+    panel.locator("button.jp-GpuLab-newer").click()
+    wait_until(lambda: pages.inner_text() == "1–100 of 300", 30, what="the first page again")
+    # runs that ended hours ago, shown by an older page: no end notice for them
+    assert page.locator(".Toastify__toast", has_text="Run run ").count() == 0
+    _shot(page, "many-1-page")
+    # 2. the oldest run, by a word of its name, then by a config value --------------------------
+    search = panel.locator("input.jp-GpuLab-search-text")
+    search.fill("oldest")
+    wait_until(lambda: ids() == ["old-000"], 30, what="the search to find the oldest run")
+    search.fill("batch_size:7")
+    wait_until(lambda: ids() == ["old-000"], 30, what="the config search to find it")
+    _shot(page, "many-2-found")
+    # 3. a status filter: the failed ones, on one page ------------------------------------------
+    search.fill("")
+    panel.locator("select.jp-GpuLab-search-status").select_option("failed")
+    failed = [f"old-{i:03d}" for i in range(299, -1, -1) if i % 40 == 1]
+    wait_until(lambda: ids() == failed, 30, what="the failed runs")
+    panel.locator("select.jp-GpuLab-search-status").select_option("")
+    # 4. a sweep's 50 runs, found and compared --------------------------------------------------
+    search.fill("lr-sweep")
+    wait_until(lambda: len(ids()) == 50, 30, what="the sweep's 50 runs")
+    for rid in ids():
+        panel.locator(f'.jp-GpuLab-run[data-run-id="{rid}"] input.jp-GpuLab-run-select').check()
+    panel.locator("button.jp-GpuLab-compare", has_text="Compare (50)").click()
+    cmp = page.locator(".jp-GpuLab-compareview:visible")
+    cmp.locator('.jp-GpuLab-chart[data-metric="loss"] canvas').wait_for(timeout=60_000)
+    rows = cmp.locator("tr[data-run-id]").count()
+    series = _series_points(cmp, "loss")
+    assert rows == 50 and len(series) == 50, (rows, len(series))
+    assert "lr" in cmp.locator(".jp-GpuLab-cmp-differ").inner_text()
+    drawn = sum(series.values())
+    assert drawn <= 8000 and min(series.values()) >= 16, series  # each run decimated
+    _shot(page, "many-3-compare")
+    return {"pages": "1–100 of 300", "failed": len(failed), "compared": rows, "points": drawn}
 
 
 # --- the browser's decimation is Python's ------------------------------------------------------

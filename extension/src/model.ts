@@ -96,6 +96,41 @@ export interface IJob {
   attempt?: number | null;
 }
 
+/** How many runs the side panel lists at a time. */
+export const RUNS_PAGE = 100;
+
+/** The runs list's search: `text` (words of a name, id, notebook or config value, and
+ *  `field:value` pairs for an exact config value), `status`, and the page (`offset`, `limit`). */
+export interface IRunSearch {
+  text: string;
+  status: string;
+  offset: number;
+  limit: number;
+}
+
+/** The query string GET api/runs takes for a search: words go to q, field:value pairs to config. */
+export function runsQuery(search: IRunSearch): string {
+  const words: string[] = [];
+  const pairs: string[] = [];
+  for (const word of search.text.split(/\s+/).filter(Boolean)) {
+    (/^[A-Za-z_]\w*:.+$/.test(word) ? pairs : words).push(word);
+  }
+  const params = new URLSearchParams({
+    limit: String(search.limit),
+    offset: String(search.offset)
+  });
+  if (words.length) {
+    params.set('q', words.join(' '));
+  }
+  if (pairs.length) {
+    params.set('config', pairs.join(','));
+  }
+  if (search.status) {
+    params.set('status', search.status);
+  }
+  return params.toString();
+}
+
 /** A sweep among the listed runs, summed up from the registry (gpu_lab.server.sweeps). */
 export interface ISweep {
   id: string;
@@ -401,6 +436,23 @@ export class GpuLabModel {
     return this._sweeps;
   }
 
+  /** What the runs list shows: a search (words, status, config field:value pairs) and a page. */
+  get search(): Readonly<IRunSearch> {
+    return this._search;
+  }
+
+  /** How many runs the search names in all (the list holds a page of them). */
+  get total(): number {
+    return this._total;
+  }
+
+  /** Show the runs `search` names (a new search starts at its first page); lists them now. */
+  async setSearch(search: Partial<IRunSearch>): Promise<IRun[]> {
+    const paging = Object.keys(search).every(k => k === 'offset');
+    this._search = { ...this._search, ...(paging ? {} : { offset: 0 }), ...search };
+    return this.refreshRuns();
+  }
+
   get connected(): boolean {
     return this._connected;
   }
@@ -434,13 +486,18 @@ export class GpuLabModel {
   private async _fetchRuns(): Promise<void> {
     const asked = ++this._runsAsked;
     try {
-      const reply = await requestAPI<{ runs: IRun[]; sweeps?: Record<string, ISweep> }>('api/runs');
+      const reply = await requestAPI<{
+        runs: IRun[];
+        sweeps?: Record<string, ISweep>;
+        total?: number;
+      }>(`api/runs?${runsQuery(this._search)}`);
       if (asked < this._runsApplied || this._disposed) {
         return; // a newer reply is in (a refresh overtook this poll)
       }
       this._runsApplied = asked;
       this._runs = reply.runs;
       this._sweeps = reply.sweeps ?? {};
+      this._total = reply.total ?? reply.runs.length;
       this._setRunsError(null);
       this._runsChanged.emit(this._runs);
     } catch (error) {
@@ -644,6 +701,8 @@ export class GpuLabModel {
   private _history: ISample[] = [];
   private _runs: IRun[] = [];
   private _sweeps: Record<string, ISweep> = {};
+  private _search: IRunSearch = { text: '', status: '', offset: 0, limit: RUNS_PAGE };
+  private _total = 0;
   private _started = false;
   private _disposed = false;
   private _connected = false;

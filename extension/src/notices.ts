@@ -3,9 +3,10 @@
  *
  * Contract: the ends are read from the runs list the model polls. A run is announced once per
  * end: when the lab sees it succeeded, failed (with its triage's first line), stopped (with the
- * reason) or lost, after having seen it active or not at all; runs that had already ended at the
- * first poll are not announced. A run that becomes active again (a requeued job revives its row)
- * is announced again at its next end. Failures and lost runs stay until dismissed; the others
+ * reason) or lost, after having seen it active, or not at all but ended since the lab first
+ * listed the runs (it started and ended between two polls); runs that had already ended, and
+ * runs a search or an older page brings into view, are not announced. A run that becomes active
+ * again (a requeued job revives its row) is announced again at its next end. Failures and lost runs stay until dismissed; the others
  * close by themselves (all stay in JupyterLab's notification center).
  */
 import { Notification } from '@jupyterlab/apputils';
@@ -21,6 +22,7 @@ const ENDS: Partial<Record<RunStatus, Notification.TypeOptions>> = {
   lost: 'warning'
 };
 const AUTO_CLOSE_MS = 10000;
+const CLOCK_SLACK_S = 60;
 const MAX_MESSAGE = 140; // JupyterLab truncates longer notification messages
 
 export class RunEndNotices {
@@ -36,14 +38,18 @@ export class RunEndNotices {
   }
 
   private _onRuns(_: GpuLabModel, runs: IRun[]): void {
-    const first = !this._polled;
-    this._polled = true;
+    const first = this._since === null;
+    if (first) {
+      this._since = Date.now() / 1000 - CLOCK_SLACK_S; // the server's clock may differ a little
+    }
     for (const run of runs) {
       if (!(run.status in ENDS)) {
         this._ended.delete(run.id);
+        this._seenActive.add(run.id);
       } else if (!this._ended.has(run.id)) {
         this._ended.add(run.id);
-        if (!first) {
+        const endedSince = (run.ended ?? 0) >= (this._since ?? Infinity);
+        if (!first && (this._seenActive.delete(run.id) || endedSince)) {
           void this._announce(run);
         }
       }
@@ -94,5 +100,6 @@ export class RunEndNotices {
   }
 
   private _ended = new Set<string>();
-  private _polled = false;
+  private _seenActive = new Set<string>();
+  private _since: number | null = null; // when the lab first listed the runs (its clock)
 }

@@ -10,7 +10,7 @@ import { Widget } from '@lumino/widgets';
 
 import { Sparkline } from './sparkline';
 import { el } from './dom';
-import { MAX_COMPARE } from './facts';
+import { ACTIVE_STATUSES, FINAL_STATUSES, MAX_COMPARE } from './facts';
 import {
   formatMiB,
   formatPct,
@@ -319,10 +319,10 @@ export class GpuLabPanel extends Widget {
     this._compare.disabled = true;
     this._compare.onclick = () => this._actions.compare(this._selected());
     runsHeader.append(el('h3', '', 'Runs'), this._compare);
-    runs.appendChild(runsHeader);
+    runs.append(runsHeader, this._searchBar());
     this._runsList = el('div', 'jp-GpuLab-runs-list');
     this._runsEmpty = el('div', 'jp-GpuLab-empty', 'No runs yet: launch one from a notebook.');
-    runs.append(this._runsList, this._runsEmpty);
+    runs.append(this._runsList, this._runsEmpty, this._pager());
 
     this.node.append(header, this._gpus, host, runs);
   }
@@ -417,6 +417,7 @@ export class GpuLabPanel extends Widget {
    *  polls, so that a button under the pointer is never replaced while the user clicks it. */
   private _onRuns(_: GpuLabModel, runs: IRun[]): void {
     this._runsEmpty.style.display = runs.length ? 'none' : '';
+    this._renderPager(runs.length);
     const wanted = new Set(runs.map(r => r.id));
     for (const [id, card] of this._runCards) {
       if (!wanted.has(id)) {
@@ -467,6 +468,62 @@ export class GpuLabPanel extends Widget {
     this._onSelect();
   }
 
+  /** Find any run: words of its name, id, notebook or a config value, `field:value` for an exact
+   *  config value, a status; typed words are sent once the typing pauses. */
+  private _searchBar(): HTMLDivElement {
+    const bar = el('div', 'jp-GpuLab-search');
+    this._searchText = el('input', 'jp-GpuLab-search-text');
+    this._searchText.type = 'search';
+    this._searchText.placeholder = 'Search: name, lr:0.01, …';
+    this._searchText.title =
+      "Words of a run's name, id, notebook or config values; field:value for an exact config " +
+      'value (lr:0.001, model:resnet50)';
+    let pause: ReturnType<typeof setTimeout> | undefined;
+    this._searchText.oninput = () => {
+      clearTimeout(pause);
+      pause = setTimeout(() => void this._model.setSearch({ text: this._searchText.value }), 250);
+    };
+    this._searchStatus = el('select', 'jp-GpuLab-search-status');
+    for (const status of ['', ...ACTIVE_STATUSES, ...FINAL_STATUSES]) {
+      const option = el('option', '', status || 'any status');
+      option.value = status;
+      this._searchStatus.appendChild(option);
+    }
+    this._searchStatus.onchange = () =>
+      void this._model.setSearch({ status: this._searchStatus.value });
+    bar.append(this._searchText, this._searchStatus);
+    return bar;
+  }
+
+  /** Newer / older pages of the runs the search names, and where this page stands. */
+  private _pager(): HTMLDivElement {
+    const pager = el('div', 'jp-GpuLab-pager');
+    this._newer = el('button', 'jp-GpuLab-link jp-GpuLab-newer', '‹ newer');
+    this._older = el('button', 'jp-GpuLab-link jp-GpuLab-older', 'older ›');
+    this._page = el('span', 'jp-GpuLab-page');
+    const turn = (by: number) => {
+      const s = this._model.search;
+      void this._model.setSearch({ offset: Math.max(0, s.offset + by * s.limit) });
+    };
+    this._newer.onclick = () => turn(-1);
+    this._older.onclick = () => turn(1);
+    pager.append(this._newer, this._page, this._older);
+    return pager;
+  }
+
+  private _renderPager(shown: number): void {
+    const { offset, limit, text, status } = this._model.search;
+    const total = this._model.total;
+    this._newer.disabled = offset === 0;
+    this._older.disabled = offset + limit >= total;
+    this._page.textContent = shown
+      ? `${offset + 1}–${offset + shown} of ${total.toLocaleString()}`
+      : '';
+    this._page.dataset.total = String(total);
+    this._runsEmpty.textContent =
+      text || status ? 'No run matches this search.' : 'No runs yet: launch one from a notebook.';
+  }
+
   private _selected(): string[] {
     return [...this._runCards.entries()].filter(([, c]) => c.select.checked).map(([id]) => id);
   }
@@ -492,6 +549,11 @@ export class GpuLabPanel extends Widget {
   private _runCards = new Map<string, RunCard>();
   private _groups = new Map<string, SweepGroup>();
   private _runsEmpty: HTMLDivElement;
+  private _searchText!: HTMLInputElement;
+  private _searchStatus!: HTMLSelectElement;
+  private _newer!: HTMLButtonElement;
+  private _older!: HTMLButtonElement;
+  private _page!: HTMLSpanElement;
 }
 
 /** Make `nodes` the children of `parent`, in order, moving a node only when it is out of place
