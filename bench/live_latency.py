@@ -52,6 +52,7 @@ async def follow(server: Server, run_id: str, want: int, latencies: dict) -> Non
     url = f"ws://127.0.0.1:{server.port}/gpu-lab/api/telemetry/ws?interval=0.25"
     ws = await websocket_connect(HTTPRequest(url, headers={"Authorization": f"token {server.token}"}))
     ws.write_message(json.dumps({"follow": run_id, "after": seq}))
+    since = time.time()  # what was reported before the view followed arrives with its catch-up
     while len(latencies["report"]) < want:
         raw = await asyncio.wait_for(ws.read_message(), 30)
         now = time.time()
@@ -60,7 +61,7 @@ async def follow(server: Server, run_id: str, want: int, latencies: dict) -> Non
             latencies["sample"].append(now - msg["sample"]["t"])
         elif msg["type"] == "run":
             latencies["report"] += [now - e["t"] for e in msg.get("events", [])
-                                    if e["kind"] == "metric"]
+                                    if e["kind"] == "metric" and e["t"] >= since]
     ws.close()
 
 
