@@ -6,6 +6,7 @@
  * A view only: everything it shows comes from GpuLabModel's signals.
  */
 import { Message } from '@lumino/messaging';
+import { Debouncer } from '@lumino/polling';
 import { Widget } from '@lumino/widgets';
 
 import { Sparkline } from './sparkline';
@@ -478,11 +479,8 @@ export class GpuLabPanel extends Widget {
     this._searchText.title =
       "Words of a run's name, id, notebook or config values; field:value for an exact config " +
       'value (lr:0.001, model:resnet50)';
-    let pause: ReturnType<typeof setTimeout> | undefined;
-    this._searchText.oninput = () => {
-      clearTimeout(pause);
-      pause = setTimeout(() => void this._model.setSearch({ text: this._searchText.value }), 250);
-    };
+    const typed = new Debouncer(() => this._model.setSearch({ text: this._searchText.value }), 250);
+    this._searchText.oninput = () => void typed.invoke();
     this._searchStatus = el('select', 'jp-GpuLab-search-status');
     for (const status of ['', ...ACTIVE_STATUSES, ...FINAL_STATUSES]) {
       const option = el('option', '', status || 'any status');
