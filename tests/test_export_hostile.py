@@ -26,11 +26,11 @@ import pytest
 import yaml
 
 from gpu_lab.cluster import sandbox
-from conftest import ROOT
 from gpu_lab.config import TrainConfig
 from gpu_lab.export import export
 
 TESTS = Path(__file__).parent
+ROOT = TESTS.parent
 ENTRY = "export_fns:train_tiny"
 SHAPE = dict(num_nodes=2, nproc_per_node=2, define_runtime=True)
 CLI_SHAPE = ["--nodes", "2", "--gpus-per-node", "2", "--define-runtime"]

@@ -14,9 +14,11 @@ import pytest
 import yaml
 
 import crd_schema
-from conftest import ROOT, SHARED
 from gpu_lab.config import TrainConfig
 from gpu_lab.export import JobSpec, export
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
 
 
 def _kubeflow_dir() -> Path:
