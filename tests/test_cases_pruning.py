@@ -71,3 +71,21 @@ def test_residual_networks_and_bad_ratios_are_refused_with_the_reason():
         pruning.prune_channels(TinyResNet(10, blocks=(2,)), 0.5)  # identity shortcuts only
     with pytest.raises(ValueError, match="0 <= ratio < 1"):
         pruning.prune_channels(TinyCNN(10), 1.0)
+
+
+def test_a_model_on_a_gpu_is_pruned_there():
+    # GPU_LAB_STRICT_DEVICE's stand-in device: a CPU index tensor beside the model's raised
+    # "Expected all tensors to be on the same device" on a GPU (tutorial 12's vision case)
+    from gpu_lab.rank import devicecheck
+
+    devicecheck._copies_keep_their_device()  # as a strict rank has it: prune_channels deep-copies
+    with devicecheck.mode():
+        dev = devicecheck.device()
+        torch.manual_seed(0)
+        model = TinyCNN(10, width=16).to(dev).eval()
+        # .to(dev) as the tutorial does: the stand-in device is a mark that weight.device misses
+        pruned = pruning.prune_channels(model, 0.5).to(dev)
+        with torch.no_grad():
+            out = pruned(torch.randn(4, 3, 32, 32, device=dev))
+        assert devicecheck.on_device(out) and out.shape == (4, 10)
+        assert all(devicecheck.on_device(p) for p in pruned.parameters())

@@ -180,8 +180,8 @@ def test_runs_table_and_compare(tmp_path):
         table, key=lambda r: r["started"], reverse=True)] and {a.id, b.id} == {
         r["id"] for r in table}
     text = str(table)
-    assert text.splitlines()[0].split() == ["id", "name", "status", "ranks", "step", "loss",
-                                            "started", "duration", "note"]
+    assert text.splitlines()[0].split() == ["id", "name", "status", "ranks", "precision",
+                                            "step", "loss", "started", "duration", "note"]
     assert a.id in text and "succeeded" in text and "<table>" in table._repr_html_()
     assert gpu_lab.runs(status="failed", name="cmp") == []
     fig = gpu_lab.compare(table, metric="loss", x="step")

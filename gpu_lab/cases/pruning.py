@@ -160,7 +160,7 @@ def prune_channels(model: nn.Module, ratio: float = 0.5) -> nn.Module:
         raise ValueError(f"prune_channels: head {head_name!r} takes {head.in_features} features, "
                          f"not a multiple of the last conv's {last} channels")
     spatial = head.in_features // last  # flatten after a spatial map: channel-major blocks
-    cols = (keep_in[:, None] * spatial + torch.arange(spatial)[None]).flatten()
+    cols = (keep_in[:, None] * spatial + torch.arange(spatial, device=keep_in.device)[None]).flatten()
     new_head = nn.Linear(len(cols), head.out_features, bias=head.bias is not None)
     with torch.no_grad():
         new_head.weight.copy_(head.weight.detach()[:, cols])
