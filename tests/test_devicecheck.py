@@ -96,3 +96,22 @@ def test_copies_keep_the_device_and_sparse_gradients_leave_it(strict):
     assert on_device(twin.to(torch.bfloat16)(torch.randn(2, 4, device=strict).bfloat16()))
     rows = torch.sparse_coo_tensor(torch.tensor([[0, 2]]), torch.tensor([1.0, 2.0]), (4,))
     assert not on_device(rows.to(strict).cpu())  # a sparse tensor, copied off the device
+
+
+def test_a_model_moved_to_the_cpu_takes_cpu_inputs_and_leaves_the_original(strict):
+    # tutorial 12 exports copy.deepcopy(model).cpu() to ONNX: Module.cpu() swaps each
+    # parameter's .data in place, and the parameter must leave the device with it
+    import copy
+
+    devicecheck._copies_keep_their_device()
+    model = _model(strict)
+    cpu_model = copy.deepcopy(model).cpu()
+    assert not any(on_device(p) for p in cpu_model.parameters())
+    assert not on_device(cpu_model(torch.randn(2, 4)))
+    assert all(on_device(p) for p in model.parameters())  # the original stays on the device
+    with pytest.raises(DeviceMismatch):
+        model(torch.randn(2, 4))
+    assert all(on_device(p) for p in cpu_model.to(strict).parameters())  # and back again
+    p = next(model.parameters())
+    p.grad = torch.zeros_like(p).cpu()  # .grad's setter is no .data swap: p stays where it is
+    assert on_device(p)

@@ -74,6 +74,11 @@ def _mark(out: Any) -> Any:
     return out
 
 
+def _unmark(t: Any) -> None:
+    if on_device(t):
+        delattr(t, _MARK)
+
+
 def active() -> bool:
     """Whether this process checks devices (GPU_LAB_STRICT_DEVICE in a CPU rank)."""
     return bool(_ACTIVE)
@@ -196,6 +201,13 @@ def mode() -> Any:
                 if not marked:
                     return out
                 return _DEVICE if isinstance(out, torch.device) else _mark(out)
+            if (name == "__set__" and getattr(getattr(func, "__self__", None), "__name__", "") == "data"
+                    and len(args) == 2 and isinstance(args[1], torch.Tensor)):
+                # param.data = t (Module.cpu() / .to() swap a parameter's data in place): the
+                # parameter now lives where t does
+                out = func(*args, **kwargs)
+                _mark(args[0]) if on_device(args[1]) else _unmark(args[0])
+                return out
             crossing = name in CROSSING
             if not crossing:
                 plain = [t for t in ins if not on_device(t) and t.dim() > 0]
