@@ -12,7 +12,8 @@ cut (the lane has about 240 s) leaves the least GPU-specific ones.
 
 In the dry run (a CPU, `make test`): every notebook's packages are importable here, and each one
 either lies in the GPU image or travels in bench/gpu_wheels.txt; 01_environment_setup runs for
-real through the same path, on the CPU (the notebooks tier runs them all in both shapes).
+real through the same path, on the CPU (the notebooks tier runs them all on one device, and on
+two those whose cells follow the device count).
 """
 from __future__ import annotations
 

@@ -26,9 +26,16 @@ import pytest
 from nbval.plugin import IPyNbFile
 
 # the notebooks whose cells do not depend on the device count, and why: each other one runs in
-# both shapes
+# both shapes. A notebook that launches `tutorial.ranks()` ranks and branches on nothing else runs
+# the same cells on two devices: the two-rank launch itself is tests/'s (test_launch*,
+# test_accelerate*), and a second pass would only double the tier's time (#58 allows it)
 ONE_SHAPE = {
     "00_overview": "launches nothing: text and the articles' figures",
+    "00_first_run": "ranks() ranks; no row or branch follows the device count",
+    "00_your_own_code": "ranks() ranks of the user's script; the counts follow run.num_processes",
+    "02_data_pipeline": "ranks() ranks; shards and steps follow acc.num_processes",
+    "03_mixed_precision": "its timings run on one rank; the bf16 run takes ranks() ranks",
+    "10_scale_out": "exports and Slurm jobs of cfg.num_processes ranks; no row needs several",
 }
 SHAPES = (1, 2)
 SECOND = "two devices"
