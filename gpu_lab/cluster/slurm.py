@@ -52,14 +52,19 @@ def missing() -> str | None:
 
 def _run(argv: list[str], *, cwd: str | None = None, env: dict | None = None,
          check: bool = True) -> subprocess.CompletedProcess:
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT, cwd=cwd,
-                              env=env, stdin=subprocess.DEVNULL)
-    except FileNotFoundError:
-        raise SlurmError(f"{argv[0]}: not found. {missing() or ''}".strip()) from None
-    except subprocess.TimeoutExpired:
-        raise SlurmError(f"{' '.join(argv[:3])}: no answer within {TIMEOUT:.0f} s; is the Slurm "
-                         "controller up? (`scontrol ping`)") from None
+    for _ in range(2):
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT, cwd=cwd,
+                                  env=env, stdin=subprocess.DEVNULL)
+        except FileNotFoundError:
+            raise SlurmError(f"{argv[0]}: not found. {missing() or ''}".strip()) from None
+        except subprocess.TimeoutExpired:
+            raise SlurmError(f"{' '.join(argv[:3])}: no answer within {TIMEOUT:.0f} s; is the "
+                             "Slurm controller up? (`scontrol ping`)") from None
+        # killed by a signal: in a job, Slurm's SIGTERM to the job's processes (a node failure,
+        # a cancel) reaches the command its supervisor was running; asked once more
+        if done.returncode >= 0:
+            break
     if check and done.returncode != 0:
         said = (done.stderr or done.stdout).strip().splitlines()
         raise SlurmError(f"{' '.join(argv[:2])} failed (exit {done.returncode}): "
