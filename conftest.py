@@ -57,6 +57,7 @@ os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
 # Files of the heavier tiers run first (make test passes --no-loadscope-reorder, so xdist keeps
 # this order): a long notebook started last would leave the other worker idle at the end.
 _FIRST = ("notebooks", "slurm", "browser", "packaging", "slow")
+NOTEBOOK_CELL_TIMEOUT = 600  # seconds; pyproject's timeout (300) for every other test
 
 
 def pytest_collection_modifyitems(config, items):
@@ -65,6 +66,9 @@ def pytest_collection_modifyitems(config, items):
     for item in items:  # nbval's cells: the notebooks tier
         if str(getattr(item, "fspath", "")).endswith(".ipynb"):
             item.add_marker(pytest.mark.notebooks)
+            # a cell that waits for a sweep bounds its own wait (tutorial 07: four times its
+            # full-mode estimate); 07's took 231 s of the suite's 300 s under make test's load
+            item.add_marker(pytest.mark.timeout(NOTEBOOK_CELL_TIMEOUT))
     weight: dict[str, int] = {}
     for item in items:
         tier = next((i for i, m in enumerate(_FIRST) if item.get_closest_marker(m)), len(_FIRST))
