@@ -52,7 +52,9 @@ def missing() -> str | None:
 
 def _run(argv: list[str], *, cwd: str | None = None, env: dict | None = None,
          check: bool = True) -> subprocess.CompletedProcess:
-    for _ in range(2):
+    # a question (what Slurm knows) may be asked again; an order (sbatch, scancel) is not given twice
+    asks = argv[0] in ("sinfo", "squeue", "sacct") or argv[:2] == ["scontrol", "show"]
+    for _ in range(2 if asks else 1):
         try:
             done = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT, cwd=cwd,
                                   env=env, stdin=subprocess.DEVNULL)
@@ -62,7 +64,7 @@ def _run(argv: list[str], *, cwd: str | None = None, env: dict | None = None,
             raise SlurmError(f"{' '.join(argv[:3])}: no answer within {TIMEOUT:.0f} s; is the "
                              "Slurm controller up? (`scontrol ping`)") from None
         # killed by a signal: in a job, Slurm's SIGTERM to the job's processes (a node failure,
-        # a cancel) reaches the command its supervisor was running; asked once more
+        # a cancel) reaches the command its supervisor was running; a question is asked once more
         if done.returncode >= 0:
             break
     if check and done.returncode != 0:

@@ -206,7 +206,10 @@ def mode() -> Any:
                 # param.data = t (Module.cpu() / .to() swap a parameter's data in place): the
                 # parameter now lives where t does
                 out = func(*args, **kwargs)
-                _mark(args[0]) if on_device(args[1]) else _unmark(args[0])
+                if on_device(args[1]):
+                    _mark(args[0])
+                else:
+                    _unmark(args[0])
                 return out
             crossing = name in CROSSING
             if not crossing:

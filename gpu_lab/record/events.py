@@ -56,6 +56,11 @@ STATUSES = ACTIVE_STATUSES + FINAL_STATUSES
 # handle finishes on that, not on this.
 FROM_JOB = "job"
 
+# seconds between a Reporter's batches and between the recorder's writes: a run view shows a
+# report within about two of these and the server's read (bench/live_latency.py); each batch or
+# write takes what arrived meanwhile, so throughput does not shrink with it
+BATCH_INTERVAL = 0.05
+
 # Environment variables that a launch sets for its workers (and gpu_lab.rank.headless for headless runs).
 ENV_RUN_ID = "GPU_LAB_RUN_ID"
 ENV_ADDRESS = "GPU_LAB_EVENTS"       # zmq address the run's recorder listens on

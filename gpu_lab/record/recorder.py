@@ -19,7 +19,7 @@ process writes the registry. The supervisor tells it the run's end over its stdi
 closes without an end (the supervisor was killed), it records the run as lost. In a headless job
 each rank runs a Recorder thread of its own (fresh processes, no fork from a kernel).
 
-The ranks' Reporters push batches to its PULL socket; every `interval` (0.05)
+The ranks' Reporters push batches to its PULL socket; every `interval` (events.BATCH_INTERVAL)
 seconds it writes what arrived to the registry in one transaction (which numbers the events) and
 then publishes the numbered events on its PUB socket, topic = run id. So anything a subscriber
 sees live is already durable, and a subscriber that missed some (it connected late, or fell behind
@@ -49,9 +49,6 @@ from . import events as ev
 from . import storage
 from .channel import ClientKey, Gate, RunKeys
 
-# seconds between writes: a run view follows a report within two of these and the server's read
-# (bench/live_latency.py); a write takes what arrived meanwhile, so throughput does not shrink
-INTERVAL = 0.05
 log = logging.getLogger(__name__)
 
 BUFFER = 100_000    # default of GPU_LAB_RECORD_BUFFER: events kept while the database cannot write
@@ -75,7 +72,7 @@ def buffer_size() -> int:
 
 class Recorder:
     def __init__(self, registry: Any, run_id: str, *, publish: bool = True,
-                 interval: float = INTERVAL, max_pending: int | None = None,
+                 interval: float = ev.BATCH_INTERVAL, max_pending: int | None = None,
                  keys: RunKeys | None = None, private: bool = True, host: str = "127.0.0.1",
                  port: int | None = None, pub_port: int | None = None,
                  on_written: Callable[[list], None] | None = None, reserve: bool = False) -> None:

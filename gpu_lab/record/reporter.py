@@ -1,8 +1,8 @@
 """Worker side of the event stream: report() never blocks training, and never raises.
 
 `report()` appends to a bounded in-process deque (well under a microsecond) and returns. A sender
-thread, started lazily in the process that reports, drains the deque every `interval` seconds (0.05),
-converts values to floats there (so a CUDA tensor's .item() sync happens off the training thread),
+thread, started lazily in the process that reports, drains the deque every `interval` seconds
+(events.BATCH_INTERVAL), converts values to floats there (so a CUDA tensor's .item() sync happens off the training thread),
 and pushes one batch over a zmq PUSH socket with NOBLOCK to the run's recorder (the process its
 supervisor started, which writes the record and republishes it). If the recorder is slow or gone,
 the batch is dropped and counted, never waited for.
@@ -77,9 +77,6 @@ def _to_float(v: Any) -> float | None:
 # seconds a closing reporter whose connection is not up yet waits for it: a short rank can be
 # done before a busy recorder took its handshake, and its reports would die with it
 CONNECT_AT_CLOSE_S = 5.0
-# seconds between batches: with the recorder's (recorder.INTERVAL), what a report waits before
-# the run view can show it
-INTERVAL = 0.05
 
 
 class Reporter:
@@ -90,7 +87,7 @@ class Reporter:
     """
 
     def __init__(self, address: str | None = None, run_id: str | None = None,
-                 rank: int | None = None, maxlen: int = 20_000, interval: float = INTERVAL,
+                 rank: int | None = None, maxlen: int = 20_000, interval: float = ev.BATCH_INTERVAL,
                  key: ClientKey | str | None = None) -> None:
         self.address = address if address is not None else os.environ.get(ev.ENV_ADDRESS)
         # the run's channel key (a launch sets it with the address); without one, the connection
