@@ -296,3 +296,18 @@ def test_the_end_of_a_run_is_decided_in_one_place(tmp_path):
     assert end(_raised(RuntimeError("rank 1 broke")), True) == ("failed", 1, None)
     assert end(_raised(_Stop(15)), False) == ("stopped", 143, "stopped by a signal")
     assert end(_raised(OSError("no recorder")), False) == ("failed", 1, None)
+
+
+def test_a_requeued_attempt_reads_its_own_failures_and_keeps_the_last_ones(tmp_path):
+    # a two-node job requeued after a node loss reported attempt 0's "connection reset" as
+    # attempt 1's root cause: the error files of the attempt before were still there
+    folder = RunFolder(tmp_path / "run")
+    folder.write_error(0, {"rank": 0, "type": "RuntimeError", "message": "Connection reset"})
+    folder.mark_preempted(1)
+    kept = folder.set_aside_attempt(0)
+    assert folder.read_errors() == [] and not folder.has_errors() and not folder.has_error(0)
+    assert folder.preempted_ranks() == []
+    assert sorted(p.name for p in kept.iterdir()) == ["rank0.json", "rank1.preempted"]
+    assert stat.S_IMODE(kept.stat().st_mode) & 0o077 == 0  # the user's own, like the run folder
+    folder.write_error(1, {"rank": 1, "type": "NodeLost", "message": "lost"})
+    assert [e["type"] for e in folder.read_errors()] == ["NodeLost"]

@@ -68,6 +68,8 @@ class Job:
         for sig in STOP_SIGNALS:  # Slurm signals the ranks itself; this process notes and waits
             signal.signal(sig, self._note_signal)
         nodes = os.environ.get("SLURM_JOB_NODELIST")
+        if self.attempt:  # a requeue: what the attempt before left is not this attempt's end
+            self.folder.set_aside_attempt(self.attempt - 1)
         self.status("running", attempt=self.attempt, nodes=nodes, batch_host=socket.gethostname())
         self.say.log(f"Slurm job {self.job_id} attempt {self.attempt} started on {nodes}")
         # the ranks start once the recorder listens: a short job's reports would otherwise go to

@@ -257,6 +257,14 @@ class RunFolder:
     def make_elastic_dir(self) -> Path:
         return private_dir(self.elastic_dir)
 
+    def set_aside_attempt(self, attempt: int) -> Path:
+        """A requeued job's new attempt: the ranks' failures and preemption marks of the attempt
+        before go to errors/attempt<N>/, kept, so that this attempt's end reads its own."""
+        keep = private_dir(self.path / ERRORS / f"attempt{int(attempt)}")
+        for p in [*(self.path / ERRORS).glob("rank*.json"), *(self.path / RANKS).glob("*.preempted")]:
+            p.replace(keep / p.name)
+        return keep
+
     # --- reads -----------------------------------------------------------------------------------
     def read_key(self) -> str | None:
         try:
